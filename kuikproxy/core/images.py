@@ -1,0 +1,83 @@
+"""Repository names, references and image keys, validated as the OCI distribution spec says.
+
+An *image* is ``<repository>:<tag>`` or ``<repository>@<digest>`` on one host; rings order
+images by that string. Everything here is pure parsing: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kuikproxy.errors import DigestInvalid, ManifestInvalid, NameInvalid
+
+# distribution/reference: path components joined by "/", each [a-z0-9]+ separated by ".", "_",
+# "__" or runs of "-". The whole name is capped at 255 characters by the distribution spec.
+_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+_NAME = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+# SPEC §12 is stricter than the distribution grammar on purpose: only the two algorithms
+# registries use, lowercase hex of the exact length.
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128}")
+_MAX_NAME = 255
+
+DOCKER_HUB = "docker.io"
+_DOCKER_HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+
+
+def normalise_host(host: str) -> str:
+    """Lower-case a host and fold Docker Hub's three names into ``docker.io``."""
+    host = host.lower()
+    return DOCKER_HUB if host in _DOCKER_HUB_ALIASES else host
+
+
+def parse_repository(name: str, host: str) -> str:
+    """Validate a repository name; on Docker Hub a single segment gets ``library/``."""
+    if len(name) > _MAX_NAME or not _NAME.fullmatch(name):
+        raise NameInvalid(f"invalid repository name {name[:300]!r}", detail={"name": name[:300]})
+    if host == DOCKER_HUB and "/" not in name:
+        return f"library/{name}"
+    return name
+
+
+def is_digest(reference: str) -> bool:
+    return ":" in reference
+
+
+def check_digest(digest: str) -> str:
+    if not _DIGEST.fullmatch(digest):
+        raise DigestInvalid(f"invalid digest {digest[:200]!r}", detail={"digest": digest[:200]})
+    return digest
+
+
+def check_reference(reference: str) -> str:
+    """A manifest reference: a digest (checked strictly) or a tag."""
+    if is_digest(reference):
+        return check_digest(reference)
+    if not _TAG.fullmatch(reference):
+        raise ManifestInvalid(
+            f"invalid tag {reference[:200]!r}", detail={"reference": reference[:200]}
+        )
+    return reference
+
+
+@dataclass(frozen=True, slots=True)
+class Image:
+    """One image on one host: a repository and a tag or digest."""
+
+    host: str
+    repository: str
+    reference: str
+
+    @property
+    def by_digest(self) -> bool:
+        return is_digest(self.reference)
+
+    @property
+    def key(self) -> str:
+        """The ring key: ``repo:tag`` or ``repo@digest``, ordered byte-wise."""
+        separator = "@" if self.by_digest else ":"
+        return f"{self.repository}{separator}{self.reference}"
+
+    def with_reference(self, reference: str) -> Image:
+        return Image(self.host, self.repository, reference)

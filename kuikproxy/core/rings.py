@@ -1,0 +1,241 @@
+"""Rings, cursors and laps (P5, P6, P8): which image a resource takes when its turn comes.
+
+A ring holds the images one resource asked for on one host, in byte-wise order, with a cursor
+at the image last taken and a lap counter. When the turn comes, :meth:`Ring.take` finds the
+first *due* image after the cursor; if there is none before the end but there would be one after
+wrapping, the lap ends at this window and the search goes on from the start of the ring.
+
+Each image remembers the lap it was last *done* in. An answer for an image ahead of the cursor
+counts in the lap in progress; an answer for an image the cursor has already passed (another
+resource's window read it, R2, or a kept answer served it, R1) counts in the *next* lap, which
+will reach it only after it wraps. So when two resources track the same images, the one whose
+lap ends just after the other read its first image does not read that image again: the ring
+laps in N windows, exactly.
+
+Which images are due depends on the mode (P7):
+
+* ``hold``: images with a request waiting that are not done in this lap. They live in a
+  :class:`SortedSet` (``_due``); waiting images already done sit in ``_deferred`` until the lap
+  ends, when those not credited to the new lap become due at once. The next due image is one
+  successor query: O(log n).
+* ``prefetch``: every image not done in this lap. The walk goes through the whole ring's order
+  and skips images done out of turn; each such image is skipped at most once per lap, so a
+  decision is amortised O(log n).
+
+The first lap starts the first time the ring records anything (a turn, or an answer that came
+from another resource's window or a kept answer), so an answer before the resource's first turn
+already counts in its first lap.
+
+Membership (P8): an image joins when first asked for and leaves after ``unusedImageRetention``
+without a request. ``_entries`` is kept in last-asked order, so expiry pops from its front.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from kuikproxy.core.sortedset import SortedSet
+
+
+class _Entry:
+    """What a ring knows of one image."""
+
+    __slots__ = ("answered", "asked", "lap")
+
+    def __init__(self, asked: float) -> None:
+        self.asked = asked
+        self.answered: float | None = None  # last answered to this resource (R1's "previous read")
+        self.lap = -1  # the last lap this image was done in (answered, or taken by a turn)
+
+
+class Ring:
+    __slots__ = (
+        "_deferred",
+        "_due",
+        "_entries",
+        "_order",
+        "_waiting",
+        "cursor",
+        "cycle_duration",
+        "cycle_started",
+        "lap",
+    )
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._order = SortedSet()
+        self._due = SortedSet()
+        self._deferred: set[str] = set()
+        self._waiting: dict[str, int] = {}
+        self.cursor: str | None = None
+        self.lap = 0
+        self.cycle_started: float | None = None
+        self.cycle_duration: float | None = None
+
+    # -- membership (P8) ----------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, image: object) -> bool:
+        return image in self._entries
+
+    def ask(self, image: str, now: float) -> None:
+        """The resource asked for ``image``: it joins the ring, or its retention restarts."""
+        entry = self._entries.get(image)
+        if entry is None:
+            self._entries[image] = _Entry(now)
+            self._order.add(image)
+        else:
+            entry.asked = now
+            self._entries.move_to_end(image)
+
+    def join(self, images: list[str], now: float) -> None:
+        """Many images join at once (a restored ring, a benchmark): one sort, not n inserts."""
+        for image in images:
+            if image not in self._entries:
+                self._entries[image] = _Entry(now)
+        self._order.update(images)
+
+    def oldest_ask(self) -> float | None:
+        for entry in self._entries.values():
+            return entry.asked
+        return None
+
+    def expire(self, before: float) -> list[str]:
+        """Drop the images last asked for before ``before`` (P8) and return them.
+
+        An image with a request still waiting is being asked for right now: it stays, its
+        retention counted from ``before``. The cursor may name a dropped image; successor
+        queries do not need it to be a member.
+        """
+        gone = []
+        while self._entries:
+            image, entry = next(iter(self._entries.items()))
+            if entry.asked >= before:
+                break
+            if image in self._waiting:
+                entry.asked = before
+                self._entries.move_to_end(image)
+                continue
+            del self._entries[image]
+            self._order.discard(image)
+            gone.append(image)
+        return gone
+
+    # -- laps ---------------------------------------------------------------------------------
+
+    def _done(self, entry: _Entry) -> bool:
+        return entry.lap >= self.lap
+
+    def _start_if_first(self, now: float) -> None:
+        if self.cycle_started is None:
+            self.cycle_started = now
+
+    def _end_lap(self, now: float) -> None:
+        if self.cycle_started is not None:
+            self.cycle_duration = now - self.cycle_started
+        self.cycle_started = now
+        self.lap += 1
+        entries = self._entries
+        still_done = {image for image in self._deferred if self._done(entries[image])}
+        self._due.update(self._deferred - still_done)
+        self._deferred = still_done
+
+    def answered_in_lap(self, image: str) -> bool:
+        entry = self._entries.get(image)
+        return entry is not None and self._done(entry)
+
+    def previous_read(self, image: str) -> float | None:
+        entry = self._entries.get(image)
+        return None if entry is None else entry.answered
+
+    # -- waiting requests ---------------------------------------------------------------------
+
+    def wait(self, image: str) -> None:
+        """A request of this resource now waits for ``image`` (which is in the ring)."""
+        count = self._waiting.get(image, 0)
+        self._waiting[image] = count + 1
+        if count == 0:
+            if self._done(self._entries[image]):
+                self._deferred.add(image)
+            else:
+                self._due.add(image)
+
+    def unwait(self, image: str) -> None:
+        """A waiting request was answered or went away (P11)."""
+        count = self._waiting.get(image, 0) - 1
+        if count > 0:
+            self._waiting[image] = count
+            return
+        self._waiting.pop(image, None)
+        self._due.discard(image)
+        self._deferred.discard(image)
+
+    def answer(self, image: str, now: float) -> None:
+        """The resource was answered ``image`` at ``now`` (by a window, R2, or a kept answer)."""
+        entry = self._entries.get(image)
+        if entry is None:
+            return
+        entry.answered = now
+        self._mark_done(image, entry, now)
+
+    def credit(self, image: str, now: float) -> None:
+        """A window read ``image`` for everyone (prefetch, P7): this resource need not read it
+        again in this lap, though nothing was answered to it."""
+        entry = self._entries.get(image)
+        if entry is not None:
+            self._mark_done(image, entry, now)
+
+    def _mark_done(self, image: str, entry: _Entry, now: float) -> None:
+        self._start_if_first(now)
+        behind = self.cursor is not None and image < self.cursor
+        entry.lap = self.lap + 1 if behind else self.lap
+        if image in self._due:  # requests still waiting for it wait for the next lap (P5)
+            self._due.discard(image)
+            self._deferred.add(image)
+
+    def waiting(self, image: str) -> int:
+        return self._waiting.get(image, 0)
+
+    def has_due(self, prefetch: bool) -> bool:
+        if prefetch:
+            return bool(self._entries)
+        return bool(self._due) or bool(self._deferred)
+
+    # -- the P5 rule --------------------------------------------------------------------------
+
+    def take(self, now: float, prefetch: bool) -> str | None:
+        """The image this resource's turn takes at ``now`` (P5), or None if nothing is due."""
+        if not self.has_due(prefetch):
+            return None
+        self._start_if_first(now)
+        image = self._next_due(self.cursor, prefetch)
+        if image is None:
+            self._end_lap(now)
+            image = self._next_due(None, prefetch)
+            if image is None:
+                return None
+        self._entries[image].lap = self.lap
+        self.cursor = image
+        return image
+
+    def _next_due(self, after: str | None, prefetch: bool) -> str | None:
+        if not prefetch:
+            return self._due.after(after)
+        image = self._order.after(after)
+        while image is not None and self._done(self._entries[image]):
+            image = self._order.after(image)
+        return image
+
+    def due_before(self, image: str) -> int:
+        """How many due images this resource's turns take before ``image`` (hold mode), for the
+        ``Retry-After`` of a request held too long (P7): those after the cursor come first."""
+        rank = self._due.rank(image)
+        if self.cursor is None:
+            return rank
+        past_cursor = self._due.rank(self.cursor) + (self.cursor in self._due)
+        if image > self.cursor:
+            return rank - past_cursor
+        return len(self._due) - past_cursor + rank
+

@@ -1,0 +1,498 @@
+"""The pacing scheduler of one host: windows, turns, rings and copies, as a pure state machine.
+
+How it works
+============
+
+Every registry host has two *series* of windows (:mod:`kuikproxy.core.windows`): one for checks
+(reads that ask "is this image there, what digest") and one for copies (pulls of content). A
+window is an instant at which the series may start reading exactly one image; a window that
+finds nothing to do, or finds the previous image still being read, is lost (P1–P3).
+
+The windows belong to the host, not to whoever asks. Each *resource* (a kuik ImageMonitor, a
+containerd node, …) holds a :class:`~kuikproxy.core.rings.Ring` per host: the images it asked for
+there, byte-wise ordered, with a cursor. At a check window the resources with something due take
+turns, round-robin in their names' order, skipping those with nothing due (P4); the resource
+whose turn it is takes the first due image after its cursor (P5). Copies do the same over
+per-resource queues in arrival order (P9, :mod:`kuikproxy.core.copies`).
+
+One read serves everyone who waits for that image when the window reads it (R2), and its answer
+is kept: a later request of another resource is answered from it at once when it is newer than
+that resource's previous read of the image (R1). That is why two resources tracking the same N
+images lap in N windows, not 2N.
+
+The scheduler never reads a clock and never performs I/O. The runtime feeds it events —
+:meth:`HostScheduler.check` / :meth:`copy` when a request arrives, :meth:`cancel` when its client
+goes away, :meth:`check_window` / :meth:`copy_window` when a window's time comes,
+:meth:`check_read_done` / :meth:`copy_request_done` when upstream work ends — each with ``now``,
+and carries out the decision it returns: answer from a kept answer, let a request through, hold
+it on a :class:`Ticket`, or read an image upstream for a list of tickets.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from itertools import count
+
+from kuikproxy.core.copies import CopyQueue, OpenCopy
+from kuikproxy.core.images import Image
+from kuikproxy.core.reuse import fresh_for
+from kuikproxy.core.rings import Ring
+from kuikproxy.core.sortedset import SortedSet
+from kuikproxy.core.timedmap import TimedMap
+from kuikproxy.core.windows import Outcome, Series
+
+
+class Operation(StrEnum):
+    CHECK = "check"
+    COPY = "copy"
+
+
+@dataclass(frozen=True, slots=True)
+class HostPacing:
+    """The pacing settings of one host, in seconds (the runtime builds it from the config)."""
+
+    check_interval: float
+    copy_interval: float
+    prefetch: bool = False
+    max_hold: float = 0.0
+    follow_up: float = 2.0
+    copy_idle: float = 5.0
+    copy_timeout: float = 0.0
+    max_age: float = 3600.0
+    retention: float = 86400.0
+
+
+_ticket_ids = count(1)
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """A request held by the scheduler until a window (or the end of its wait) releases it."""
+
+    resource: str
+    image: Image
+    operation: Operation
+    auth: str | None  # a key of the client's own Authorization (R5, P10), None when it has none
+    since: float
+    id: int = field(default_factory=lambda: next(_ticket_ids))
+
+
+# -- decisions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reuse:
+    """Answer the request from the kept answer the runtime offered (R1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """Let the request go upstream now without a window (a follow-up, P10; a member of the open
+    copy, P9). For a copy member, call :meth:`HostScheduler.copy_request_done` when it ends."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    ticket: Ticket
+
+
+Admission = Reuse | Pass | Hold
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """Read ``image`` upstream now, for every ticket in ``tickets`` it can serve (R2).
+
+    ``leader`` is the ticket whose turn it is (None for a prefetch read, P7). For a copy, the
+    copy is open and every ticket in ``tickets`` is one of its requests in flight.
+    """
+
+    operation: Operation
+    image: Image
+    leader: Ticket | None
+    tickets: tuple[Ticket, ...]
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class WindowResult:
+    at: float
+    outcome: Outcome
+    read: Read | None = None
+
+
+# -- snapshots for /status -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesView:
+    interval: float
+    origin: float
+    next_window: float
+    busy: bool
+    windows: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RingView:
+    resource: str
+    images: int
+    cursor: str | None
+    cycle_started: float | None
+    cycle_duration: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class HostView:
+    check: SeriesView
+    copy: SeriesView
+    prefetch: bool
+    check_waiting: int
+    copy_open: str | None
+    copy_queued: int
+    blocked_until: float | None
+    rings: tuple[RingView, ...]
+    copy_queues: dict[str, int]
+
+
+class HostScheduler:
+    """Pacing state and decisions for one registry host."""
+
+    def __init__(self, host: str, pacing: HostPacing, now: float) -> None:
+        self.host = host
+        self.pacing = pacing
+        self.check_series = Series(origin=now, interval=pacing.check_interval)
+        self.copy_series = Series(origin=now, interval=pacing.copy_interval)
+        self.blocked_until: float | None = None
+        self._rings: dict[str, Ring] = {}
+        self._check_ready = SortedSet()  # resources that may have a check due
+        self._check_turn: str | None = None
+        self._check_tickets: dict[str, dict[Ticket, None]] = {}  # image key → waiting tickets
+        self._check_in_flight: Read | None = None
+        # P10: (resource, image key) → (the Authorization key answered, whether any passes)
+        self._follow_ups: TimedMap[tuple[str, str], tuple[str | None, bool]] = TimedMap()
+        self._expiry: list[tuple[float, str]] = []  # (oldest ask, resource), lazily updated
+        self._queues: dict[str, CopyQueue] = {}
+        self._copy_ready = SortedSet()
+        self._copy_turn: str | None = None
+        self._copy_tickets: dict[str, dict[Ticket, None]] = {}
+        self._open_copy: OpenCopy | None = None
+
+    # -- configuration (P12) ----------------------------------------------------------------
+
+    def reconfigure(self, pacing: HostPacing, now: float) -> None:
+        """Apply new settings in place: a changed interval restarts its series only."""
+        if pacing.check_interval != self.pacing.check_interval:
+            self.check_series.restart(now, pacing.check_interval)
+        if pacing.copy_interval != self.pacing.copy_interval:
+            self.copy_series.restart(now, pacing.copy_interval)
+        self.pacing = pacing
+
+    def block(self, until: float) -> None:
+        """The registry said stop until ``until`` (§11); a block is never shortened."""
+        if self.blocked_until is None or until > self.blocked_until:
+            self.blocked_until = until
+
+    def _blocked(self, now: float) -> bool:
+        return self.blocked_until is not None and now < self.blocked_until
+
+    # -- checks -----------------------------------------------------------------------------
+
+    def check(
+        self, resource: str, image: Image, now: float, *, auth: str | None, kept_at: float | None
+    ) -> Admission:
+        """A check request arrives. ``kept_at`` is when the kept answer the runtime found for it
+        (R3, R5 already applied) was read, or None."""
+        grant = self._follow_ups.get((resource, image.key), now)
+        if grant is not None:
+            granted_auth, any_auth = grant
+            if any_auth or granted_auth != auth:
+                return Pass()
+        ring = self._ring(resource, now)
+        ring.ask(image.key, now)
+        if fresh_for(kept_at, ring.previous_read(image.key), now, self.pacing.max_age):
+            ring.answer(image.key, now)
+            return Reuse()
+        ticket = Ticket(resource, image, Operation.CHECK, auth, now)
+        self._check_tickets.setdefault(image.key, {})[ticket] = None
+        ring.wait(image.key)
+        self._check_ready.add(resource)
+        return Hold(ticket)
+
+    def _ring(self, resource: str, now: float) -> Ring:
+        ring = self._rings.get(resource)
+        if ring is None:
+            ring = self._rings[resource] = Ring()
+            heapq.heappush(self._expiry, (now, resource))
+            if self.pacing.prefetch:
+                self._check_ready.add(resource)
+        return ring
+
+    def join(self, resource: str, images: list[str], now: float) -> None:
+        """Many images join a resource's ring at once (restored state, benchmarks)."""
+        ring = self._ring(resource, now)
+        ring.join(images, now)
+        if self.pacing.prefetch:
+            self._check_ready.add(resource)
+
+    def check_window(self, now: float) -> WindowResult:
+        """The check series' next window is due at ``now``: decide what it reads."""
+        at = self.check_series.fire(now)
+        self._expire(now)
+        self._follow_ups.prune(now)
+        if self._blocked(now):
+            return self._outcome(self.check_series, at, Outcome.BLOCKED)
+        if self._check_in_flight is not None:
+            return self._outcome(self.check_series, at, Outcome.BUSY)
+        for resource in _turns(self._check_ready, self._check_turn):
+            ring = self._rings.get(resource)
+            # laps are measured in window times, the times reads are stamped with
+            key = None if ring is None else ring.take(at, self.pacing.prefetch)
+            if key is None:
+                if ring is None or not ring.has_due(self.pacing.prefetch):
+                    self._check_ready.discard(resource)
+                continue
+            self._check_turn = resource
+            waiting = tuple(self._check_tickets.get(key, ()))
+            leader = next((t for t in waiting if t.resource == resource), None)
+            image = leader.image if leader is not None else _image_of(self.host, key)
+            read = Read(Operation.CHECK, image, leader, waiting, at)
+            self._check_in_flight = read
+            return self._outcome(self.check_series, at, Outcome.USED, read)
+        return self._outcome(self.check_series, at, Outcome.IDLE)
+
+    def check_read_done(
+        self, read: Read, now: float, *, served: list[Ticket], digest: str | None, kept: bool
+    ) -> list[Ticket]:
+        """The read of a check window ended; ``served`` are the tickets it answered.
+
+        Returns the tickets that may now go through as follow-ups (P10): the same reference of
+        an answered resource with another ``Authorization``. Unserved tickets keep waiting.
+        """
+        if self._check_in_flight is read:
+            self._check_in_flight = None
+        if self.pacing.prefetch and kept and (read.leader is None or read.leader.auth is None):
+            # the answer is kept for everyone: no prefetch ring reads it again in this lap
+            for prefetching in self._rings.values():
+                prefetching.credit(read.image.key, read.at)
+        answered: set[str] = set()
+        for ticket in served:
+            self._release(self._check_tickets, ticket)
+            ring = self._rings.get(ticket.resource)
+            if ring is not None:
+                ring.unwait(ticket.image.key)
+                if ticket.resource not in answered:
+                    ring.answer(ticket.image.key, read.at)
+            answered.add(ticket.resource)
+        if read.leader is None:  # a prefetch read: the turn's resource took it without a request
+            return []
+        until = now + self.pacing.follow_up
+        released = []
+        for resource in answered:
+            auth = next(t.auth for t in served if t.resource == resource)
+            self._follow_ups.put((resource, read.image.key), (auth, False), until)
+            if digest is not None:
+                by_digest = read.image.with_reference(digest).key
+                self._follow_ups.put((resource, by_digest), (None, True), until)
+            for ticket in list(self._check_tickets.get(read.image.key, ())):
+                if ticket.resource == resource and ticket.auth != auth:
+                    self._drop_check_ticket(ticket)
+                    released.append(ticket)
+        return released
+
+    # -- copies -----------------------------------------------------------------------------
+
+    def copy(self, resource: str, image: Image, now: float, *, opens: bool) -> Admission:
+        """A copy request arrives. ``opens`` is true for a manifest GET by tag, which always
+        opens a copy of its own (§4.3); other requests join the resource's open copy if any."""
+        copy = self._open_copy
+        p = self.pacing
+        if (
+            not opens
+            and copy is not None
+            and copy.admits(resource, image.repository, now, p.copy_idle, p.copy_timeout)
+        ):
+            copy.in_flight += 1
+            return Pass()
+        ticket = Ticket(resource, image, Operation.COPY, None, now)
+        self._copy_tickets.setdefault(image.key, {})[ticket] = None
+        self._queues.setdefault(resource, CopyQueue()).push(image.key)
+        self._copy_ready.add(resource)
+        return Hold(ticket)
+
+    def copy_window(self, now: float) -> WindowResult:
+        at = self.copy_series.fire(now)
+        p = self.pacing
+        if self._blocked(now):
+            return self._outcome(self.copy_series, at, Outcome.BLOCKED)
+        if self._open_copy is not None:
+            if self._open_copy.is_open(now, p.copy_idle, p.copy_timeout):
+                return self._outcome(self.copy_series, at, Outcome.BUSY)
+            self._open_copy = None
+        for resource in _turns(self._copy_ready, self._copy_turn):
+            queue = self._queues.get(resource)
+            key = None if queue is None else queue.first()
+            if key is None:
+                self._copy_ready.discard(resource)
+                self._queues.pop(resource, None)
+                continue
+            self._copy_turn = resource
+            # a queued image always has a waiting request: both leave together (cancel)
+            tickets = tuple(self._copy_tickets.pop(key))
+            for ticket in tickets:  # R2: everyone waiting for this image is served by this copy
+                other = self._queues.get(ticket.resource)
+                if other is not None:
+                    other.drop(key)
+            leader = next(t for t in tickets if t.resource == resource)
+            self._open_copy = OpenCopy(
+                image=key,
+                repository=leader.image.repository,
+                opened_at=at,
+                members={t.resource for t in tickets},
+                in_flight=len(tickets),
+            )
+            read = Read(Operation.COPY, leader.image, leader, tickets, at)
+            return self._outcome(self.copy_series, at, Outcome.USED, read)
+        return self._outcome(self.copy_series, at, Outcome.IDLE)
+
+    def copy_request_done(self, now: float) -> None:
+        """A request of the open copy (released by its window or passed in) ended."""
+        copy = self._open_copy
+        if copy is not None and copy.in_flight > 0:
+            copy.in_flight -= 1
+            copy.last_end = now
+
+    # -- requests that stop waiting ---------------------------------------------------------
+
+    def cancel(self, ticket: Ticket) -> None:
+        """The ticket's client went away (P11), or its wait ended (P7): it stops waiting; its
+        image stays in the ring but is no longer due for it if nothing else waits."""
+        if ticket.operation is Operation.CHECK:
+            if self._drop_check_ticket(ticket):
+                ring = self._rings.get(ticket.resource)
+                if ring is not None:
+                    ring.unwait(ticket.image.key)
+        elif self._release(self._copy_tickets, ticket):
+            queue = self._queues.get(ticket.resource)
+            if queue is not None:
+                queue.pop_request(ticket.image.key)
+
+    def _drop_check_ticket(self, ticket: Ticket) -> bool:
+        return self._release(self._check_tickets, ticket)
+
+    @staticmethod
+    def _release(tickets: dict[str, dict[Ticket, None]], ticket: Ticket) -> bool:
+        waiting = tickets.get(ticket.image.key)
+        if waiting is None or ticket not in waiting:
+            return False
+        del waiting[ticket]
+        if not waiting:
+            del tickets[ticket.image.key]
+        return True
+
+    def retry_after(self, ticket: Ticket, now: float) -> float:
+        """Estimated seconds until ``ticket``'s image gets its turn (P7's ``Retry-After``)."""
+        series = self.check_series if ticket.operation is Operation.CHECK else self.copy_series
+        wait = series.next_window() - now
+        if ticket.operation is Operation.CHECK:
+            ring = self._rings.get(ticket.resource)
+            ahead = 0 if ring is None else ring.due_before(ticket.image.key)
+            wait += ahead * max(1, len(self._check_ready)) * series.interval
+        if self._blocked(now):
+            assert self.blocked_until is not None
+            wait = max(wait, self.blocked_until - now)
+        return max(wait, 0.0)
+
+    # -- turns and housekeeping -------------------------------------------------------------
+
+    def _outcome(
+        self, series: Series, at: float, outcome: Outcome, read: Read | None = None
+    ) -> WindowResult:
+        series.count(outcome)
+        return WindowResult(at, outcome, read)
+
+    def _expire(self, now: float) -> None:
+        """Drop ring images unasked for ``unusedImageRetention`` (P8), and empty rings."""
+        cutoff = now - self.pacing.retention
+        heap = self._expiry
+        while heap and heap[0][0] < cutoff:
+            _, resource = heapq.heappop(heap)
+            ring = self._rings.get(resource)
+            if ring is None:
+                continue
+            ring.expire(cutoff)
+            oldest = ring.oldest_ask()
+            if oldest is None:
+                del self._rings[resource]
+                self._check_ready.discard(resource)
+            else:
+                heapq.heappush(heap, (oldest, resource))
+
+    # -- views ------------------------------------------------------------------------------
+
+    def waiting(self, operation: Operation) -> int:
+        tickets = self._check_tickets if operation is Operation.CHECK else self._copy_tickets
+        return sum(len(t) for t in tickets.values())
+
+    def view(self, now: float) -> HostView:
+        p = self.pacing
+        copy = self._open_copy
+        copy_open = copy.image if copy and copy.is_open(now, p.copy_idle, p.copy_timeout) else None
+        return HostView(
+            check=_series_view(self.check_series, self._check_in_flight is not None),
+            copy=_series_view(self.copy_series, copy_open is not None),
+            prefetch=p.prefetch,
+            check_waiting=self.waiting(Operation.CHECK),
+            copy_open=copy_open,
+            copy_queued=sum(len(q) for q in self._queues.values()),
+            blocked_until=self.blocked_until if self._blocked(now) else None,
+            rings=tuple(
+                RingView(r, len(ring), ring.cursor, ring.cycle_started, ring.cycle_duration)
+                for r, ring in sorted(self._rings.items())
+            ),
+            copy_queues={r: len(q) for r, q in sorted(self._queues.items()) if len(q)},
+        )
+
+
+def _series_view(series: Series, busy: bool) -> SeriesView:
+    return SeriesView(
+        interval=series.interval,
+        origin=series.origin,
+        next_window=series.next_window(),
+        busy=busy,
+        windows={outcome.value: n for outcome, n in series.outcomes.items()},
+    )
+
+
+def _turns(ready: SortedSet, last: str | None) -> Iterator[str]:
+    """Resources in turn order, round-robin after ``last`` and wrapping round to it (P4).
+
+    A generator, so a window stops at the first resource with something due; successor queries
+    stay valid while the caller discards resources found to have nothing due.
+    """
+    resource = ready.after(last)
+    wrapped = last is None
+    while True:
+        if resource is None:
+            if wrapped:
+                return
+            wrapped = True
+            resource = ready.first()
+            continue
+        if wrapped and last is not None and resource > last:
+            return
+        yield resource
+        resource = ready.after(resource)
+
+
+def _image_of(host: str, key: str) -> Image:
+    """The image a ring key names (a prefetch read has no request to take it from)."""
+    at = key.find("@")
+    if at >= 0:
+        return Image(host, key[:at], key[at + 1 :])
+    repository, _, tag = key.rpartition(":")
+    return Image(host, repository, tag)
+

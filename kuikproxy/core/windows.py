@@ -1,0 +1,56 @@
+"""A series of windows (P1–P3): fixed instants, one image each, lost rather than saved.
+
+A series has an origin ``t0`` and an ``interval``; window *k* opens at ``t0 + k·interval`` for
+k = 1, 2, … — the first a full interval after the origin, so a process that restarts faster
+than its interval never sends anything. Window times depend on the origin and the interval
+only: the time an image takes never moves them (P2). If the runtime wakes late (a stalled event
+loop), the windows it slept through are lost, counted ``busy``, and never fired in a burst.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Outcome(StrEnum):
+    """What became of a window (P3), as counted in ``/status`` and metrics."""
+
+    USED = "used"
+    IDLE = "idle"  # nothing was due
+    BUSY = "busy"  # the previous image of the series was still being read (or the loop was late)
+    BLOCKED = "blocked"  # the registry asked us to stop (§11)
+
+
+@dataclass(slots=True)
+class Series:
+    origin: float
+    interval: float
+    fired: int = 0  # index k of the last window that fired
+    outcomes: dict[Outcome, int] = field(default_factory=lambda: dict.fromkeys(Outcome, 0))
+
+    def next_window(self) -> float:
+        return self.origin + (self.fired + 1) * self.interval
+
+    def fire(self, now: float) -> float:
+        """Advance to the latest window due at ``now`` and return its time.
+
+        Windows skipped because ``now`` is past them are counted ``busy``; the caller counts
+        the outcome of the returned window with :meth:`count`. Raises if no window is due.
+        """
+        k = math.floor((now - self.origin) / self.interval + 1e-9)
+        if k <= self.fired:
+            raise ValueError(f"no window due at {now}: next is {self.next_window()}")
+        self.outcomes[Outcome.BUSY] += k - self.fired - 1
+        self.fired = k
+        return self.origin + k * self.interval
+
+    def count(self, outcome: Outcome) -> None:
+        self.outcomes[outcome] += 1
+
+    def restart(self, now: float, interval: float) -> None:
+        """A new origin at ``now`` (P12): the first window is a full ``interval`` later."""
+        self.origin = now
+        self.interval = interval
+        self.fired = 0

@@ -1,0 +1,125 @@
+"""One exception tree for everything kuikproxy raises on purpose.
+
+::
+
+    KuikProxyError
+    ├── ConfigError                  an invalid config file (every error, with its path)
+    └── RegistryError                an error a client receives as an OCI error body (SPEC §12)
+        ├── NameInvalid              400 NAME_INVALID      malformed repository name
+        ├── DigestInvalid            400 DIGEST_INVALID    malformed digest
+        ├── ManifestInvalid          400 MANIFEST_INVALID  malformed tag or reference
+        ├── Denied                   403 DENIED            host not allowed
+        ├── NotFound                 404 NOT_FOUND         route kuikproxy does not serve
+        ├── Unsupported              405 UNSUPPORTED       writes, unknown methods
+        ├── TooManyRequests          429 TOOMANYREQUESTS   held too long, rejected (Retry-After)
+        ├── Unavailable              503 UNAVAILABLE       the proxy is shutting down, host removed
+        └── UpstreamError            the registry could not be used
+            ├── UpstreamUnreachable  502 UNAVAILABLE       connection refused, reset, broken off
+            └── UpstreamTimeout      504 UNAVAILABLE       no answer within the operation's timeout
+
+Foreign exceptions (aiohttp, OSError, asyncio.TimeoutError) are mapped into this tree at the
+boundary where they occur (``kuikproxy.upstream``), so the web edge renders one family only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+
+class KuikProxyError(Exception):
+    """The root of every error kuikproxy raises on purpose."""
+
+
+class ConfigError(KuikProxyError):
+    """An invalid configuration; ``errors`` holds one ``"path: reason"`` line per problem."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+class RegistryError(KuikProxyError):
+    """An error answered to a client with the OCI error body."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "UNKNOWN"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        detail: dict[str, Any] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, Any]:
+        """The OCI distribution error body for this error."""
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.detail is not None:
+            error["detail"] = self.detail
+        return {"errors": [error]}
+
+    def headers(self) -> dict[str, str]:
+        """Headers the answer carries besides the body (``Retry-After``, whole seconds, ≥ 1)."""
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
+
+
+class NameInvalid(RegistryError):
+    status = 400
+    code = "NAME_INVALID"
+
+
+class DigestInvalid(RegistryError):
+    status = 400
+    code = "DIGEST_INVALID"
+
+
+class ManifestInvalid(RegistryError):
+    status = 400
+    code = "MANIFEST_INVALID"
+
+
+class Denied(RegistryError):
+    status = 403
+    code = "DENIED"
+
+
+class NotFound(RegistryError):
+    status = 404
+    code = "NOT_FOUND"
+
+
+class Unsupported(RegistryError):
+    status = 405
+    code = "UNSUPPORTED"
+
+
+class TooManyRequests(RegistryError):
+    status = 429
+    code = "TOOMANYREQUESTS"
+
+
+class Unavailable(RegistryError):
+    status = 503
+    code = "UNAVAILABLE"
+
+
+class UpstreamError(RegistryError):
+    """The registry could not be used; ``message`` says why."""
+
+
+class UpstreamUnreachable(UpstreamError):
+    status = 502
+    code = "UNAVAILABLE"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    code = "UNAVAILABLE"

@@ -1,0 +1,1 @@
+"""The runtime: timers at window times, held requests, one upstream read per image."""

@@ -1,0 +1,1 @@
+"""The registry client: aiohttp to upstreams, foreign errors mapped into kuikproxy.errors."""

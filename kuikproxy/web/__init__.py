@@ -1,0 +1,1 @@
+"""The aiohttp edge: routes, classification, streaming, /status."""
