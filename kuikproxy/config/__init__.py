@@ -1,7 +1,12 @@
 """The kuikproxy configuration (SPEC §7): models, loading, and the ``check-config`` text."""
 
 from kuikproxy.config.describe import describe
-from kuikproxy.config.loading import EMBEDDED_DEFAULT_SOURCE, build_config, load_config, parse_config
+from kuikproxy.config.loading import (
+    EMBEDDED_DEFAULT_SOURCE,
+    build_config,
+    load_config,
+    parse_config,
+)
 from kuikproxy.config.models import (
     DOCKER_HUB,
     DOCKER_HUB_UPSTREAM,

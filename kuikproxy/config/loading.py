@@ -92,7 +92,7 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
 def parse_config(text: str, source: str = "<string>") -> Config:
     """The configuration in the YAML ``text``; ``source`` names it in YAML errors."""
     try:
-        raw = yaml.load(text, Loader=_Loader)  # noqa: S506 -- a SafeLoader subclass
+        raw = yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
     except yaml.YAMLError as error:
         raise ConfigError([_yaml_error(source, error)]) from None
     if raw is None:
@@ -127,9 +127,7 @@ def _cross_checks(config: Config) -> list[str]:
     errors = []
     hint = "give it a registries block or match it in allowedHosts"
     if not config.is_allowed(config.default_registry):
-        errors.append(
-            f'defaultRegistry: host "{config.default_registry}" is not allowed ({hint})'
-        )
+        errors.append(f'defaultRegistry: host "{config.default_registry}" is not allowed ({hint})')
     for alias, host in config.host_aliases.items():
         if not config.is_allowed(host):
             errors.append(f'hostAliases.{alias}: host "{host}" is not allowed ({hint})')
@@ -242,7 +240,7 @@ def _format(error: ValidationError, prefix: tuple[str, ...]) -> list[str]:
     for item in error.errors():
         path = ""
         for part in (*prefix, *item["loc"]):
-            if isinstance(part, int):
+            if isinstance(part, int) and path:
                 path += f"[{part}]"
             else:
                 path += f".{part}" if path else str(part)
@@ -259,6 +257,8 @@ def _reason(item: Any) -> str:
         return "unknown key"
     if kind in ("dataclass_type", "dataclass_args_type", "model_type", "dict_type"):
         return f"must be a mapping, not {_kind(item['input'])}"
+    if kind in ("list_type", "tuple_type"):
+        return f"must be a list, not {_kind(item['input'])}"
     return str(item["msg"])
 
 
@@ -283,5 +283,7 @@ def _yaml_error(source: str, error: yaml.YAMLError) -> str:
     if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
         mark = error.problem_mark
         problem = error.problem or "invalid YAML"
-        return f"{source}: invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+        return (
+            f"{source}: invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+        )
     return f"{source}: invalid YAML: {error}"

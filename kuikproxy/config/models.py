@@ -26,6 +26,7 @@ from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, field_v
 from pydantic import model_validator as _model_validator
 from pydantic.dataclasses import dataclass
 
+from kuikproxy.core.images import DOCKER_HUB, normalize_host
 from kuikproxy.durations import parse_duration, parse_size
 
 __all__ = [
@@ -46,11 +47,8 @@ __all__ = [
     "validate_host",
 ]
 
-DOCKER_HUB = "docker.io"
-"""The canonical name of Docker Hub; its other names are folded into it."""
 DOCKER_HUB_UPSTREAM = "https://registry-1.docker.io"
 """Where Docker Hub's registry API is actually served."""
-_DOCKER_HUB_ALIASES = frozenset({"index.docker.io", "registry-1.docker.io"})
 DEFAULT_BLOCK = "default"
 """The ``registries`` key whose block is merged under every host's own block."""
 
@@ -81,16 +79,6 @@ _MODEL_CONFIG = ConfigDict(
     alias_generator=camel,
     populate_by_name=True,
 )
-
-
-def normalize_host(host: str) -> str:
-    """The canonical spelling of a registry host: lowercase, Docker Hub's names folded.
-
-    ``Index.Docker.IO`` and ``registry-1.docker.io`` are ``docker.io``: they are the same
-    registry, and pacing it under two names would double its budget.
-    """
-    host = host.strip().lower().rstrip(".")
-    return DOCKER_HUB if host in _DOCKER_HUB_ALIASES else host
 
 
 _LABEL = r"[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?"
@@ -324,7 +312,7 @@ class Config:
     """
     host_aliases: Mapping[str, str] = Field(default_factory=dict)
     """``Host`` header → registry host, for clients that use kuikproxy as a named mirror."""
-    resource_identity: Annotated[tuple[IdentitySource, ...], Field(min_length=1)] = (
+    resource_identity: tuple[IdentitySource, ...] = (
         "header:Kuik-Resource",
         "proxyUser",
         "clientAddress",
@@ -343,6 +331,15 @@ class Config:
     @classmethod
     def _check_listen(cls, value: str) -> str:
         _split_listen(value)
+        return value
+
+    @field_validator("resource_identity")
+    @classmethod
+    def _check_resource_identity(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # Checked here rather than with min_length, which pydantic also reports when only an
+        # item is wrong; every request needs some way to be told apart.
+        if not value:
+            raise ValueError("at least one source is needed")
         return value
 
     @field_validator("default_registry")

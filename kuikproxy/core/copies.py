@@ -65,9 +65,9 @@ class OpenCopy:
         last = self.opened_at if self.last_end is None else self.last_end
         return now < last + idle
 
-    def admits(self, resource: str, repository: str, now: float, idle: float, timeout: float) -> (
-        bool
-    ):
+    def admits(
+        self, resource: str, repository: str, now: float, idle: float, timeout: float
+    ) -> bool:
         return (
             resource in self.members
             and repository == self.repository

@@ -22,12 +22,16 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128}")
 _MAX_NAME = 255
 
 DOCKER_HUB = "docker.io"
-_DOCKER_HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+_DOCKER_HUB_ALIASES = frozenset({"index.docker.io", "registry-1.docker.io"})
 
 
-def normalise_host(host: str) -> str:
-    """Lower-case a host and fold Docker Hub's three names into ``docker.io``."""
-    host = host.lower()
+def normalize_host(host: str) -> str:
+    """The canonical spelling of a registry host: lowercase, Docker Hub's names folded.
+
+    ``Index.Docker.IO`` and ``registry-1.docker.io`` are ``docker.io``: they are the same
+    registry, and pacing it under two names would double its budget.
+    """
+    host = host.strip().lower().rstrip(".")
     return DOCKER_HUB if host in _DOCKER_HUB_ALIASES else host
 
 

@@ -22,9 +22,10 @@ Which images are due depends on the mode (P7):
   and skips images done out of turn; each such image is skipped at most once per lap, so a
   decision is amortised O(log n).
 
-The first lap starts the first time the ring records anything (a turn, or an answer that came
-from another resource's window or a kept answer), so an answer before the resource's first turn
-already counts in its first lap.
+The first lap starts at the resource's first turn on the host (P6); an answer before it (from
+another resource's window or a kept answer) already counts in that first lap, but does not start
+it: otherwise a resource whose first turn comes a window after another resource read its first
+image would measure its first lap one window too long.
 
 Membership (P8): an image joins when first asked for and leaves after ``unusedImageRetention``
 without a request. ``_entries`` is kept in last-asked order, so expiry pops from its front.
@@ -178,17 +179,16 @@ class Ring:
         if entry is None:
             return
         entry.answered = now
-        self._mark_done(image, entry, now)
+        self._mark_done(image, entry)
 
     def credit(self, image: str, now: float) -> None:
         """A window read ``image`` for everyone (prefetch, P7): this resource need not read it
         again in this lap, though nothing was answered to it."""
         entry = self._entries.get(image)
         if entry is not None:
-            self._mark_done(image, entry, now)
+            self._mark_done(image, entry)
 
-    def _mark_done(self, image: str, entry: _Entry, now: float) -> None:
-        self._start_if_first(now)
+    def _mark_done(self, image: str, entry: _Entry) -> None:
         behind = self.cursor is not None and image < self.cursor
         entry.lap = self.lap + 1 if behind else self.lap
         if image in self._due:  # requests still waiting for it wait for the next lap (P5)
@@ -238,4 +238,3 @@ class Ring:
         if image > self.cursor:
             return rank - past_cursor
         return len(self._due) - past_cursor + rank
-

@@ -161,11 +161,18 @@ class HostView:
 class HostScheduler:
     """Pacing state and decisions for one registry host."""
 
-    def __init__(self, host: str, pacing: HostPacing, now: float) -> None:
+    def __init__(
+        self, host: str, pacing: HostPacing, now: float, *, origin: float | None = None
+    ) -> None:
+        """Series start at ``origin`` (default ``now``): the proxy's start, for a host first
+        seen later, whose windows until ``now`` found nothing due."""
         self.host = host
         self.pacing = pacing
-        self.check_series = Series(origin=now, interval=pacing.check_interval)
-        self.copy_series = Series(origin=now, interval=pacing.copy_interval)
+        start = now if origin is None else origin
+        self.check_series = Series(origin=start, interval=pacing.check_interval)
+        self.copy_series = Series(origin=start, interval=pacing.copy_interval)
+        self.check_series.pass_idle(now)
+        self.copy_series.pass_idle(now)
         self.blocked_until: float | None = None
         self._rings: dict[str, Ring] = {}
         self._check_ready = SortedSet()  # resources that may have a check due
@@ -299,7 +306,7 @@ class HostScheduler:
                 self._follow_ups.put((resource, by_digest), (None, True), until)
             for ticket in list(self._check_tickets.get(read.image.key, ())):
                 if ticket.resource == resource and ticket.auth != auth:
-                    self._drop_check_ticket(ticket)
+                    self.cancel(ticket)  # it stops waiting: its ring must not read it again
                     released.append(ticket)
         return released
 
@@ -495,4 +502,3 @@ def _image_of(host: str, key: str) -> Image:
         return Image(host, key[:at], key[at + 1 :])
     repository, _, tag = key.rpartition(":")
     return Image(host, repository, tag)
-

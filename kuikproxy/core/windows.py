@@ -39,12 +39,24 @@ class Series:
         Windows skipped because ``now`` is past them are counted ``busy``; the caller counts
         the outcome of the returned window with :meth:`count`. Raises if no window is due.
         """
-        k = math.floor((now - self.origin) / self.interval + 1e-9)
+        k = self._last_due(now)
         if k <= self.fired:
             raise ValueError(f"no window due at {now}: next is {self.next_window()}")
         self.outcomes[Outcome.BUSY] += k - self.fired - 1
         self.fired = k
         return self.origin + k * self.interval
+
+    def _last_due(self, now: float) -> int:
+        """The index of the latest window at or before ``now`` (a timer firing at a window's
+        float time must find that window due, hence the tolerance)."""
+        return math.floor((now - self.origin) / self.interval + 1e-9)
+
+    def pass_idle(self, now: float) -> None:
+        """The windows up to ``now`` found nothing to do (a host nobody had asked for yet)."""
+        k = self._last_due(now)
+        if k > self.fired:
+            self.outcomes[Outcome.IDLE] += k - self.fired
+            self.fired = k
 
     def count(self, outcome: Outcome) -> None:
         self.outcomes[outcome] += 1

@@ -1,0 +1,74 @@
+"""Kept answers (R1), bounded and least-recently-used first out (R6).
+
+An entry is one answer per (host, image, method, Authorization key): a HEAD and a GET answer of
+the same image are kept side by side, since a HEAD answer never serves a GET (R3). Lookups apply
+R3 and R5 and return the newest answer that may serve the request; whether it is fresh enough
+for that resource is the scheduler's question (R1), asked with its ``read_at``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from kuikproxy.core.reuse import accept_admits, method_serves, shared_with
+from kuikproxy.runtime.messages import Answer, RegistryRequest
+
+_Key = tuple[str, str, str, str | None]
+
+
+class KeptAnswers:
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[_Key, Answer] = OrderedDict()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def keep(self, host: str, image_key: str, answer: Answer) -> None:
+        kept = answer.kept()
+        if kept.size > self.max_bytes:
+            return
+        key = (host, image_key, kept.method, kept.auth)
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old.size
+        self._entries[key] = kept
+        self.bytes += kept.size
+        while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
+            _, evicted = self._entries.popitem(last=False)
+            self.bytes -= evicted.size
+
+    def find(self, request: RegistryRequest) -> Answer | None:
+        """The newest kept answer that may serve ``request`` (R3, R5), marked recently used."""
+        best: tuple[_Key, Answer] | None = None
+        host, image_key = request.host, request.image.key
+        for method in ("GET", "HEAD"):
+            for auth in {None, request.auth}:
+                key = (host, image_key, method, auth)
+                answer = self._entries.get(key)
+                if (
+                    answer is not None
+                    and method_serves(answer.method, request.method)
+                    and shared_with(answer.auth, answer.status, request.auth)
+                    # a refusal's type is an error body's: Accept negotiates manifests only
+                    and (
+                        answer.status != 200
+                        or accept_admits(request.accept, answer.header("content-type"))
+                    )
+                    and (best is None or answer.read_at > best[1].read_at)
+                ):
+                    best = (key, answer)
+        if best is None:
+            return None
+        self._entries.move_to_end(best[0])
+        return best[1]
+
+    def count(self, hit: bool) -> None:
+        if hit:
+            self.hits += 1
+        else:
+            self.misses += 1

@@ -1,0 +1,399 @@
+"""The runtime: the scheduler's decisions carried out on the event loop.
+
+For each host there is one :class:`~kuikproxy.core.scheduler.HostScheduler` and, per series,
+one timer set at its next window on the loop's clock — the one clock of the process. A request
+that must wait parks on a future keyed by its ticket; a window's :class:`Read` becomes one task
+that reads the image upstream once and resolves the future of every ticket the answer serves
+(R2). Nothing here decides *what* to do; it only does what the core decided, when it decided.
+
+Clients that go away cancel their handler (aiohttp's ``handler_cancellation``); the ``finally``
+of :meth:`Pacer.admit` then withdraws the ticket (P11), so a held request costs nothing after
+its client left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from yarl import URL
+
+from kuikproxy.config import Config, RegistrySettings
+from kuikproxy.core.images import Image
+from kuikproxy.core.reuse import is_kept_status
+from kuikproxy.core.scheduler import (
+    Hold,
+    HostPacing,
+    HostScheduler,
+    Operation,
+    Pass,
+    Read,
+    Reuse,
+    Ticket,
+    WindowResult,
+)
+from kuikproxy.errors import RegistryError, TooManyRequests, Unavailable, UpstreamError
+from kuikproxy.runtime.kept import KeptAnswers
+from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
+from kuikproxy.upstream.client import Transport, UpstreamRequest, end_to_end
+
+log = logging.getLogger(__name__)
+
+MAX_MANIFEST = 4 * 1024 * 1024  # distribution's own limit on a manifest's size
+MAX_ERROR_BODY = 64 * 1024
+# What a prefetch read (P7) asks for when no request is there to copy: every manifest type.
+PREFETCH_ACCEPT = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+
+WindowObserver = Callable[[str, Operation, WindowResult, float], None]
+
+
+def pacing_of(settings: RegistrySettings, config: Config) -> HostPacing:
+    return HostPacing(
+        check_interval=settings.check.interval,
+        copy_interval=settings.copy.interval,
+        prefetch=settings.check.mode == "prefetch",
+        max_hold=settings.check.max_hold,
+        follow_up=settings.check.follow_up,
+        copy_idle=settings.copy.idle,
+        copy_timeout=settings.copy.timeout,
+        max_age=config.cache.max_age,
+        retention=config.unused_image_retention,
+    )
+
+
+@dataclass(slots=True)
+class _Waiter:
+    request: RegistryRequest
+    future: asyncio.Future[Answer | Go]
+    expiry: asyncio.TimerHandle | None = None
+
+
+class _Host:
+    """One host's scheduler, timers and parked requests."""
+
+    def __init__(self, pacer: Pacer, host: str, origin: float, now: float) -> None:
+        self.pacer = pacer
+        self.name = host
+        self.settings = pacer.config.registry(host)
+        self.base = URL(self.settings.upstream_url(host))
+        self.scheduler = HostScheduler(
+            host, pacing_of(self.settings, pacer.config), now, origin=origin
+        )
+        self.waiters: dict[Ticket, _Waiter] = {}
+        self.timers: dict[Operation, asyncio.TimerHandle] = {}
+        self.arm(Operation.CHECK)
+        self.arm(Operation.COPY)
+
+    def series(self, operation: Operation) -> float:
+        s = self.scheduler
+        return (s.check_series if operation is Operation.CHECK else s.copy_series).next_window()
+
+    def arm(self, operation: Operation) -> None:
+        loop = self.pacer.loop
+        old = self.timers.pop(operation, None)
+        if old is not None:
+            old.cancel()
+        self.timers[operation] = loop.call_at(self.series(operation), self.window, operation)
+
+    def window(self, operation: Operation) -> None:
+        now = self.pacer.loop.time()
+        s = self.scheduler
+        result = s.check_window(now) if operation is Operation.CHECK else s.copy_window(now)
+        self.arm(operation)
+        for observe in self.pacer.observers:
+            observe(self.name, operation, result, now - result.at)
+        log.debug("%s %s window at %.3f: %s", self.name, operation, result.at, result.outcome)
+        if result.read is not None:
+            self.pacer.spawn(self.carry_out(result.read))
+
+    def close(self, error: RegistryError) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
+        for waiter in list(self.waiters.values()):
+            if not waiter.future.done():
+                waiter.future.set_exception(error)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def carry_out(self, read: Read) -> None:
+        if read.operation is Operation.CHECK:
+            await self.check_read(read)
+        else:
+            await self.copy_read(read)
+
+    def group(self, read: Read) -> list[Ticket]:
+        """The tickets one upstream answer may serve: those with the leader's credentials (R5)."""
+        auth = read.leader.auth if read.leader is not None else None
+        return [t for t in read.tickets if t.auth == auth and t in self.waiters]
+
+    def template(self, read: Read, group: list[Ticket]) -> RegistryRequest:
+        """The request a read sends: the leader's, as a GET if any GET waits beside it (R2)."""
+        if read.leader is not None:
+            leader = self.waiters[read.leader].request if read.leader in self.waiters else None
+        else:
+            leader = None
+        if leader is None:  # a prefetch read (P7): kuikproxy's own HEAD, shared by everyone
+            return RegistryRequest(
+                host=self.name,
+                image=read.image,
+                resource="",
+                operation=Operation.CHECK,
+                method="HEAD",
+                kind="manifests",
+                opens=False,
+                headers=tuple(("Accept", a) for a in PREFETCH_ACCEPT),
+                auth=None,
+                accept=PREFETCH_ACCEPT,
+            )
+        if leader.method == "HEAD" and any(self.waiters[t].request.method == "GET" for t in group):
+            return _with_method(leader, "GET")
+        return leader
+
+    async def fetch(self, request: RegistryRequest, at: float, timeout: float | None) -> Answer:
+        """One upstream read, whole (manifests and error bodies are small)."""
+        upstream = UpstreamRequest(
+            method=request.method,
+            url=self.base.with_path(request.path, encoded=False).with_query(request.query),
+            headers=request.headers,
+            timeout=timeout,
+        )
+        async with await self.pacer.transport.send(upstream) as response:
+            limit = MAX_MANIFEST if response.status == 200 else MAX_ERROR_BODY
+            body = b"" if request.method == "HEAD" else await response.read(limit)
+            headers = tuple(end_to_end(response.headers).items())
+        self.pacer.upstream_answered(self, response.status, headers)
+        return Answer(response.status, headers, body, request.method, at, request.auth)
+
+    async def check_read(self, read: Read) -> None:
+        group = self.group(read)
+        request = self.template(read, group)
+        timeout = self.settings.check.timeout or None
+        served: list[Ticket] = []
+        digest = None
+        kept = False
+        try:
+            answer = await self.fetch(request, read.at, timeout)
+        except RegistryError as error:
+            served = group
+            self.resolve(served, error)
+        else:
+            kept = is_kept_status(answer.status)
+            if kept:
+                self.pacer.kept.keep(self.name, read.image.key, answer)
+                digest = answer.header("docker-content-digest")
+            served = [t for t in group if _serves(answer, self.waiters[t].request)]
+            self.resolve(served, answer)
+        finally:
+            released = self.scheduler.check_read_done(
+                read, self.pacer.loop.time(), served=served, digest=digest, kept=kept
+            )
+            self.resolve(released, Go())
+
+    async def copy_read(self, read: Read) -> None:
+        """The copy opened: every ticket is one of its requests. A manifest is read once for
+        all who can share the answer (R2); blobs, and those who cannot share, go upstream
+        themselves."""
+        done = self.copy_done
+        if read.image.by_digest and self.waiters[read.tickets[0]].request.kind == "blobs":
+            self.resolve(list(read.tickets), Go(done))
+            return
+        group = self.group(read)
+        request = self.template(read, group)
+        timeout = self.settings.copy.timeout or None
+        try:
+            answer = await self.fetch(request, read.at, timeout)
+        except RegistryError as error:
+            served = group
+            self.resolve(served, error)
+        else:
+            if is_kept_status(answer.status):
+                self.pacer.kept.keep(self.name, read.image.key, answer)
+            served = [t for t in group if _serves(answer, self.waiters[t].request)]
+            self.resolve(served, answer)
+        for _ in served:
+            done()
+        self.resolve([t for t in read.tickets if t not in served], Go(done))
+
+    def copy_done(self) -> None:
+        self.scheduler.copy_request_done(self.pacer.loop.time())
+
+    def resolve(self, tickets: list[Ticket], outcome: Answer | Go | RegistryError) -> None:
+        for ticket in tickets:
+            waiter = self.waiters.get(ticket)
+            if waiter is None or waiter.future.done():
+                continue
+            if isinstance(outcome, RegistryError):
+                waiter.future.set_exception(outcome)
+            else:
+                waiter.future.set_result(outcome)
+
+    # -- admission ------------------------------------------------------------------------
+
+    async def admit(self, request: RegistryRequest) -> Answer | Go:
+        now = self.pacer.loop.time()
+        s = self.scheduler
+        if request.operation is Operation.CHECK:
+            kept = self.pacer.kept.find(request)
+            decision = s.check(
+                request.resource,
+                request.image,
+                now,
+                auth=request.auth,
+                kept_at=None if kept is None else kept.read_at,
+            )
+            if isinstance(decision, Reuse):
+                assert kept is not None
+                self.pacer.kept.count(hit=True)
+                return kept
+            self.pacer.kept.count(hit=False)
+        else:
+            decision = s.copy(request.resource, request.image, now, opens=request.opens)
+        if isinstance(decision, Pass):
+            return Go(self.copy_done) if request.operation is Operation.COPY else Go()
+        assert isinstance(decision, Hold)
+        return await self.hold(decision.ticket, request)
+
+    async def hold(self, ticket: Ticket, request: RegistryRequest) -> Answer | Go:
+        loop = self.pacer.loop
+        waiter = _Waiter(request, loop.create_future())
+        self.waiters[ticket] = waiter
+        max_hold = self.scheduler.pacing.max_hold
+        if max_hold and request.operation is Operation.CHECK:
+            waiter.expiry = loop.call_at(ticket.since + max_hold, self.held_too_long, ticket)
+        try:
+            return await waiter.future
+        finally:
+            if waiter.expiry is not None:
+                waiter.expiry.cancel()
+            del self.waiters[ticket]
+            if not waiter.future.done() or waiter.future.cancelled():
+                self.scheduler.cancel(ticket)  # the client went away (P11)
+
+    def held_too_long(self, ticket: Ticket) -> None:
+        """P7: ``check.maxHold`` passed: 429 with the time until the image's turn."""
+        waiter = self.waiters.get(ticket)
+        if waiter is None or waiter.future.done():
+            return
+        now = self.pacer.loop.time()
+        retry_after = self.scheduler.retry_after(ticket, now)
+        self.scheduler.cancel(ticket)
+        waiter.future.set_exception(
+            TooManyRequests(
+                f"held {self.scheduler.pacing.max_hold:g}s (check.maxHold) without a window",
+                detail={"host": self.name, "retryAfterSeconds": math.ceil(retry_after)},
+                retry_after=retry_after,
+            )
+        )
+
+
+def _with_method(request: RegistryRequest, method: str) -> RegistryRequest:
+    from dataclasses import replace
+
+    return replace(request, method=method)
+
+
+def _serves(answer: Answer, request: RegistryRequest) -> bool:
+    """Whether the answer read for a window serves this waiting request (R2 with R3)."""
+    from kuikproxy.core.reuse import accept_admits, method_serves
+
+    if not method_serves(answer.method, request.method):
+        return False
+    return answer.status != 200 or accept_admits(request.accept, answer.header("content-type"))
+
+
+def retry_after_seconds(value: str | None, now_wall: float) -> float | None:
+    """``Retry-After`` as seconds from now: delta-seconds or an HTTP date (RFC 9110 §10.2.3)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - now_wall)
+
+
+class Pacer:
+    """Every host's pacing, on one event loop."""
+
+    def __init__(
+        self,
+        config: Config,
+        transport: Transport,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self.config = config
+        self.transport = transport
+        self.loop = loop or asyncio.get_running_loop()
+        self.started = self.loop.time()
+        self.wall_offset = time.time() - self.started  # for /status: loop time → wall time
+        self.kept = KeptAnswers(config.cache.max_entries, config.cache.max_bytes)
+        self.observers: list[WindowObserver] = []
+        self._hosts: dict[str, _Host] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        for host in config.configured_hosts():
+            if config.registry(host).paced:
+                self._host(host)
+
+    def _host(self, host: str) -> _Host:
+        runtime = self._hosts.get(host)
+        if runtime is None:
+            # every series starts with the proxy (P1); a host first seen later has had idle
+            # windows until then, never an earlier first window
+            runtime = self._hosts[host] = _Host(self, host, self.started, self.loop.time())
+        return runtime
+
+    @property
+    def hosts(self) -> dict[str, HostScheduler]:
+        return {name: h.scheduler for name, h in sorted(self._hosts.items())}
+
+    async def admit(self, request: RegistryRequest) -> Answer | Go:
+        """Answer a paced read: at once from a kept answer, or when its window comes."""
+        if self._closed:
+            raise Unavailable("kuikproxy is shutting down")
+        return await self._host(request.host).admit(request)
+
+    def held(self) -> int:
+        """How many requests are parked, across hosts."""
+        return sum(len(h.waiters) for h in self._hosts.values())
+
+    def spawn(self, coroutine: object) -> None:
+        task: asyncio.Task[None] = self.loop.create_task(coroutine)  # type: ignore[arg-type]
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def upstream_answered(
+        self, host: _Host, status: int, headers: tuple[tuple[str, str], ...]
+    ) -> None:
+        """§11, the part this issue needs: a 429 blocks the host until its ``Retry-After``."""
+        if status != 429:
+            return
+        value = next((v for k, v in headers if k.lower() == "retry-after"), None)
+        delay = retry_after_seconds(value, time.time())
+        if delay is not None:
+            host.scheduler.block(self.loop.time() + delay)
+
+    async def close(self) -> None:
+        self._closed = True
+        error = Unavailable("kuikproxy is shutting down")
+        for host in self._hosts.values():
+            host.close(error)
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+__all__ = ["Image", "Pacer", "UpstreamError", "pacing_of"]

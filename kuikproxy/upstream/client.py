@@ -1,0 +1,165 @@
+"""The registry client: one interface, an aiohttp implementation, foreign errors mapped.
+
+The runtime and the web edge speak to registries through :class:`Transport` only, so tests can
+inject a fake and the aiohttp details (sessions, timeouts, exceptions) stay in this module.
+Every failure of the network or of the registry's connection becomes an
+:class:`~kuikproxy.errors.UpstreamError` carrying the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Protocol
+
+import aiohttp
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from kuikproxy.errors import UpstreamTimeout, UpstreamUnreachable
+
+CHUNK = 64 * 1024
+
+# RFC 9110 §7.6.1: meaningful for one connection only, never forwarded either way.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamRequest:
+    method: str
+    url: URL
+    headers: tuple[tuple[str, str], ...]  # repeated names kept, in order (Accept!)
+    timeout: float | None  # seconds for the whole exchange, None for no limit
+
+
+class UpstreamResponse(Protocol):
+    status: int
+    headers: CIMultiDictProxy[str]
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+    async def read(self, limit: int) -> bytes: ...
+
+    async def __aenter__(self) -> UpstreamResponse: ...
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+class Transport(Protocol):
+    async def send(self, request: UpstreamRequest) -> UpstreamResponse:
+        """Send ``request`` and return once the status and headers arrived; the body is read
+        from the response, which must be closed (``async with``)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def end_to_end(headers: Sequence[tuple[str, str]] | CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """The headers of a message without its hop-by-hop ones (and those named by Connection)."""
+    items = list(headers.items()) if isinstance(headers, CIMultiDictProxy) else list(headers)
+    named = {
+        token.strip().lower()
+        for name, value in items
+        if name.lower() == "connection"
+        for token in value.split(",")
+    }
+    return CIMultiDict(
+        (name, value)
+        for name, value in items
+        if name.lower() not in HOP_BY_HOP and name.lower() not in named
+    )
+
+
+class _AiohttpResponse:
+    def __init__(self, response: aiohttp.ClientResponse, what: str) -> None:
+        self._response = response
+        self._what = what
+        self.status = response.status
+        self.headers = response.headers
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.content.iter_chunked(CHUNK):
+                yield chunk
+        except TimeoutError as e:
+            raise UpstreamTimeout(f"{self._what}: timed out while reading the body") from e
+        except (aiohttp.ClientError, OSError) as e:
+            raise UpstreamUnreachable(f"{self._what}: broke off: {_reason(e)}") from e
+
+    async def read(self, limit: int) -> bytes:
+        body = bytearray()
+        async for chunk in self.chunks():
+            body += chunk
+            if len(body) > limit:
+                raise UpstreamUnreachable(f"{self._what}: answer larger than {limit} bytes")
+        return bytes(body)
+
+    async def __aenter__(self) -> _AiohttpResponse:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._response.release()
+
+
+class AiohttpTransport:
+    """Registries over aiohttp: one pooled session, bodies left encoded as the registry sent
+    them (digests are of the bytes on the wire), redirects followed (blob storage)."""
+
+    def __init__(self, *, connect_timeout: float = 30.0, limit: int = 256) -> None:
+        self._connect_timeout = connect_timeout
+        self._limit = limit
+        self._session: aiohttp.ClientSession | None = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._limit),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
+                trust_env=False,
+            )
+        return self._session
+
+    async def send(self, request: UpstreamRequest) -> UpstreamResponse:
+        what = f"{request.method} {request.url.host}{request.url.path}"
+        timeout = aiohttp.ClientTimeout(total=request.timeout, connect=self._connect_timeout)
+        try:
+            response = await self._get_session().request(
+                request.method,
+                request.url,
+                headers=CIMultiDict(request.headers),
+                timeout=timeout,
+                allow_redirects=True,
+            )
+        except TimeoutError as e:
+            raise UpstreamTimeout(f"{what}: no answer within {request.timeout}s") from e
+        except (aiohttp.ClientError, OSError) as e:
+            raise UpstreamUnreachable(f"{what}: {_reason(e)}") from e
+        return _AiohttpResponse(response, what)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return text if isinstance(error, aiohttp.ClientError) else f"{type(error).__name__}: {text}"

@@ -1,0 +1,147 @@
+"""The aiohttp application: routes, the error boundary, and the registry read path.
+
+A registry read goes: parse the path → find the host → classify (resource, operation) → the
+runtime answers it (kept answer, window, or go) → relay. Errors kuikproxy makes are OCI error
+bodies (SPEC §12); anything unexpected is logged and answered 500, never allowed to take the
+process down.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from yarl import URL
+
+from kuikproxy.config import Config
+from kuikproxy.core.scheduler import Operation
+from kuikproxy.errors import RegistryError, Unsupported
+from kuikproxy.runtime.messages import Answer, RegistryRequest
+from kuikproxy.runtime.pacer import Pacer
+from kuikproxy.upstream.client import AiohttpTransport, Transport, UpstreamRequest, end_to_end
+from kuikproxy.web import status as status_models
+from kuikproxy.web.classify import classify, forwarded_headers, parse_route, upstream_host
+from kuikproxy.web.oci import error_response
+from kuikproxy.web.relay import answer_response, stream
+
+log = logging.getLogger(__name__)
+
+PACER = web.AppKey("pacer", Pacer)
+CONFIG = web.AppKey("config", Config)
+TRANSPORT = web.AppKey("transport", Transport)
+PING_TTL = 60.0  # §4.1: a host's /v2/ answer is kept this long
+PING_CACHE = web.AppKey("ping_cache", dict[str, tuple[float, Answer]])
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def error_boundary(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except RegistryError as error:
+        log.debug("%s %s: %s", request.method, request.path[:200], error.message)
+        return error_response(error)
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path[:200])
+        return web.json_response(
+            {"errors": [{"code": "UNKNOWN", "message": "internal error in kuikproxy"}]},
+            status=500,
+        )
+
+
+async def registry(request: web.Request) -> web.StreamResponse:
+    config = request.app[CONFIG]
+    route = parse_route(request.rel_url.raw_path)
+    host = upstream_host(request, config)
+    ns = request.query.get("ns") and host
+    if request.method not in READ_METHODS:
+        raise Unsupported(f"{request.method} is not supported: kuikproxy only reads registries")
+    settings = config.registry(host)
+    base = URL(settings.upstream_url(host))
+    if route.kind == "ping":
+        return await ping(request, host, base, ns)
+    read = classify(request, route, host, config)
+    url = base.with_path(read.path, encoded=False).with_query(read.query)
+    transport = request.app[TRANSPORT]
+    if not settings.paced:  # a destination kuik owns (§4.3): straight through
+        return await stream(request, transport, _upstream(read, url, None), ns)
+    outcome = await request.app[PACER].admit(read)
+    if isinstance(outcome, Answer):
+        return answer_response(request, outcome, ns)
+    try:
+        timeout = settings.check.timeout if read.operation is Operation.CHECK else 0
+        return await stream(request, transport, _upstream(read, url, timeout or None), ns)
+    finally:
+        outcome.done()
+
+
+def _upstream(read: RegistryRequest, url: URL, timeout: float | None) -> UpstreamRequest:
+    return UpstreamRequest(read.method, url, read.headers, timeout)
+
+
+async def ping(request: web.Request, host: str, base: URL, ns: str | None) -> web.StreamResponse:
+    """``/v2/``: unpaced, the upstream's answer (200, or 401 and its challenge) kept 60 s."""
+    cache = request.app[PING_CACHE]
+    now = request.app[PACER].loop.time()
+    kept = cache.get(host)
+    if kept is None or now - kept[0] >= PING_TTL:
+        timeout = request.app[CONFIG].registry(host).check.timeout or None
+        upstream = UpstreamRequest(
+            "GET", base.with_path("/v2/"), forwarded_headers(request), timeout
+        )
+        async with await request.app[TRANSPORT].send(upstream) as answer:
+            headers = tuple(end_to_end(answer.headers).items())
+            body = await answer.read(64 * 1024)
+        kept = (now, Answer(answer.status, headers, body, "GET", now, None))
+        if answer.status in (200, 401):
+            cache[host] = kept
+    return answer_response(request, kept[1], ns)
+
+
+async def healthz(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"status": "ok"})
+
+
+async def status(request: web.Request) -> web.StreamResponse:
+    pacer = request.app[PACER]
+    now = pacer.loop.time()
+    document = status_models.build_status(
+        {host: scheduler.view(now) for host, scheduler in pacer.hosts.items()},
+        status_models.Clock(pacer.wall_offset),
+        started=pacer.started,
+        config=status_models.ConfigStatus(
+            generation=1,
+            loadedAt=status_models.Clock(pacer.wall_offset).rfc3339(pacer.started),
+            lastError=None,
+        ),
+        kept=pacer.kept,
+        resource=request.query.get("resource"),
+        registry=request.query.get("registry"),
+    )
+    return web.json_response(text=document.model_dump_json(by_alias=True))
+
+
+def build_app(config: Config, transport: Transport | None = None) -> web.Application:
+    """The whole application; ``transport`` defaults to aiohttp towards real registries."""
+    app = web.Application(middlewares=[error_boundary])
+    app[CONFIG] = config
+    app[TRANSPORT] = transport or AiohttpTransport()
+    app[PING_CACHE] = {}
+
+    async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
+        app[PACER] = Pacer(config, app[TRANSPORT])
+        yield
+        await app[PACER].close()
+        await app[TRANSPORT].close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", healthz)
+    app.router.add_get("/status", status)
+    app.router.add_route("*", "/v2{tail:.*}", registry)
+    return app

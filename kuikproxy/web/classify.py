@@ -1,0 +1,143 @@
+"""From an HTTP request to a classified registry read (SPEC §3, §4): which host, which image,
+which resource, which operation — or the OCI error that says why it is none of these.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from dataclasses import dataclass
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from kuikproxy.config import Config, validate_host
+from kuikproxy.core.images import Image, check_digest, check_reference, parse_repository
+from kuikproxy.core.scheduler import Operation
+from kuikproxy.errors import Denied, NameInvalid, NotFound
+from kuikproxy.runtime.messages import RegistryRequest
+from kuikproxy.upstream.client import end_to_end
+
+# Headers meant for kuikproxy, never forwarded upstream.
+KUIK_RESOURCE = "Kuik-Resource"
+KUIK_OPERATION = "Kuik-Operation"
+_NOT_FORWARDED = frozenset({"host", "content-length", "kuik-resource", "kuik-operation"})
+_MAX_RESOURCE = 253
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A parsed ``/v2/`` path: ``kind`` is ``ping``, ``manifests`` or ``blobs``."""
+
+    kind: str
+    repository: str = ""
+    reference: str = ""
+
+
+def parse_route(raw_path: str) -> Route:
+    """Split ``/v2/<name>/(manifests|blobs)/<reference>``; the name is validated later, once
+    the host (and so Docker Hub's ``library/``) is known."""
+    if raw_path in ("/v2", "/v2/"):
+        return Route("ping")
+    if not raw_path.startswith("/v2/"):
+        raise NotFound(f"no such route {raw_path[:200]!r}")
+    rest = raw_path[len("/v2/") :]
+    for kind in ("manifests", "blobs"):
+        name, marker, reference = rest.rpartition(f"/{kind}/")
+        if marker:
+            if not name or not reference or "/" in reference:
+                raise NameInvalid(f"invalid path {raw_path[:200]!r}")
+            return Route(kind, name, reference)
+    raise NotFound(f"kuikproxy does not serve {raw_path[:200]!r}")
+
+
+def upstream_host(request: web.Request, config: Config) -> str:
+    """The registry host a request is for: ``?ns=`` (containerd), else ``defaultRegistry``."""
+    ns = request.query.get("ns")
+    if ns is None:
+        host = config.default_registry
+    else:
+        try:
+            host = validate_host(ns)
+        except ValueError as e:
+            raise Denied(f"invalid ns {ns[:200]!r}", detail={"ns": ns[:200]}) from e
+    if not config.is_allowed(host):
+        raise Denied(f"host {host} is not allowed", detail={"host": host})
+    return host
+
+
+def resource_of(request: web.Request, config: Config) -> str:
+    """Who the request is for (§4.2): the first configured source that names it."""
+    for source in config.resource_identity:
+        if source.startswith("header:"):
+            name = _printable(request.headers.get(source[len("header:") :], ""))
+        elif source == "proxyUser":
+            name = _printable(_proxy_user(request.headers.get("Proxy-Authorization", "")))
+        else:
+            name = request.remote or "unknown"
+        if name:
+            return name
+    return request.remote or "unknown"
+
+
+def _proxy_user(value: str) -> str:
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "basic":
+        return ""
+    try:
+        decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return ""
+    return decoded.partition(":")[0]
+
+
+def _printable(value: str) -> str:
+    value = value.strip()
+    if len(value) > _MAX_RESOURCE or not value.isprintable():
+        return ""
+    return value
+
+
+def auth_key(request: web.Request) -> str | None:
+    """A key of the client's own ``Authorization`` (R5): equal keys, equal credentials; the
+    credential itself is never kept."""
+    value = request.headers.get("Authorization")
+    if value is None:
+        return None
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def forwarded_headers(request: web.Request) -> tuple[tuple[str, str], ...]:
+    """The request's end-to-end headers for the registry, repeated ones (Accept) as sent."""
+    headers: CIMultiDict[str] = end_to_end(tuple(request.headers.items()))
+    return tuple((k, v) for k, v in headers.items() if k.lower() not in _NOT_FORWARDED)
+
+
+def classify(request: web.Request, route: Route, host: str, config: Config) -> RegistryRequest:
+    """A manifest or blob read as the runtime paces it (§4.3)."""
+    repository = parse_repository(route.repository, host)
+    if route.kind == "blobs":
+        image = Image(host, repository, check_digest(route.reference))
+        operation, opens = Operation.COPY, False
+    else:
+        image = Image(host, repository, check_reference(route.reference))
+        as_check = request.headers.get(KUIK_OPERATION, "").lower() == "check"
+        if request.method == "HEAD" or as_check:
+            operation, opens = Operation.CHECK, False
+        else:
+            operation, opens = Operation.COPY, not image.by_digest
+    query = tuple((k, v) for k, v in request.query.items() if k != "ns")
+    return RegistryRequest(
+        host=host,
+        image=image,
+        resource=resource_of(request, config),
+        operation=operation,
+        method=request.method,
+        kind=route.kind,
+        opens=opens,
+        headers=forwarded_headers(request),
+        auth=auth_key(request),
+        accept=tuple(request.headers.getall("Accept", ())),
+        query=query,
+    )

@@ -1,0 +1,194 @@
+"""``/status`` (SPEC §8): the scheduler's snapshots rendered as one JSON document.
+
+The models are pydantic, so the document and its JSON Schema come from one definition. Times
+are RFC 3339 UTC, durations Go-style strings, as kuik's own status writes them. Nothing here
+computes pacing state: it renders :class:`~kuikproxy.core.scheduler.HostView` snapshots.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kuikproxy.core.scheduler import HostView, SeriesView
+from kuikproxy.durations import format_duration
+from kuikproxy.runtime.kept import KeptAnswers
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+
+class WindowCounts(_Model):
+    used: int
+    idle: int
+    busy: int
+    blocked: int
+
+
+class CheckSeries(_Model):
+    interval: str
+    mode: str
+    origin: str
+    next_window: str = Field(alias="nextWindow")
+    busy: bool
+    waiting: int
+    windows: WindowCounts
+
+
+class CopySeries(_Model):
+    interval: str
+    origin: str
+    next_window: str = Field(alias="nextWindow")
+    open: str | None = Field(description="the image of the open copy, if one is open")
+    queued: int
+    windows: WindowCounts
+
+
+class RegistryStatus(_Model):
+    check: CheckSeries
+    copy_: CopySeries = Field(alias="copy")
+    blocked_until: str | None = Field(alias="blockedUntil")
+    quota: None = None
+
+
+class RingStatus(_Model):
+    registry: str
+    images: int
+    cursor: str | None
+    cycle_started: str | None = Field(alias="cycleStarted")
+    cycle_duration: str | None = Field(alias="cycleDuration")
+
+
+class QueueStatus(_Model):
+    registry: str
+    queued: int
+
+
+class Rings(_Model):
+    registries: list[RingStatus]
+
+
+class Queues(_Model):
+    registries: list[QueueStatus]
+
+
+class ResourceStatus(_Model):
+    checks: Rings
+    copies: Queues
+
+
+class CacheStatus(_Model):
+    entries: int
+    bytes: int
+    hits: int
+    misses: int
+
+
+class ConfigStatus(_Model):
+    generation: int
+    loaded_at: str = Field(alias="loadedAt")
+    last_error: str | None = Field(alias="lastError")
+
+
+class FlowControlStatus(_Model):
+    priority_levels: list[dict[str, object]] = Field(alias="priorityLevels")
+
+
+class Status(_Model):
+    started_at: str = Field(alias="startedAt")
+    config: ConfigStatus
+    registries: dict[str, RegistryStatus]
+    resources: dict[str, ResourceStatus]
+    cache: CacheStatus
+    flow_control: FlowControlStatus = Field(alias="flowControl")
+
+
+class Clock:
+    """Loop time → wall time, for display only (decisions use the loop's clock)."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+
+    def rfc3339(self, loop_time: float) -> str:
+        moment = datetime.fromtimestamp(loop_time + self.offset, UTC)
+        return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _windows(view: SeriesView) -> WindowCounts:
+    return WindowCounts.model_validate(view.windows)
+
+
+def registry_status(view: HostView, clock: Clock) -> RegistryStatus:
+    return RegistryStatus(
+        check=CheckSeries(
+            interval=format_duration(view.check.interval),
+            mode="prefetch" if view.prefetch else "hold",
+            origin=clock.rfc3339(view.check.origin),
+            nextWindow=clock.rfc3339(view.check.next_window),
+            busy=view.check.busy,
+            waiting=view.check_waiting,
+            windows=_windows(view.check),
+        ),
+        copy=CopySeries(
+            interval=format_duration(view.copy.interval),
+            origin=clock.rfc3339(view.copy.origin),
+            nextWindow=clock.rfc3339(view.copy.next_window),
+            open=view.copy_open,
+            queued=view.copy_queued,
+            windows=_windows(view.copy),
+        ),
+        blockedUntil=None if view.blocked_until is None else clock.rfc3339(view.blocked_until),
+    )
+
+
+def build_status(
+    views: dict[str, HostView],
+    clock: Clock,
+    *,
+    started: float,
+    config: ConfigStatus,
+    kept: KeptAnswers,
+    resource: str | None = None,
+    registry: str | None = None,
+) -> Status:
+    rings: dict[str, list[RingStatus]] = {}
+    queues: dict[str, list[QueueStatus]] = {}
+    registries = {}
+    for host, view in views.items():
+        if registry is not None and host != registry:
+            continue
+        registries[host] = registry_status(view, clock)
+        for ring in view.rings:
+            rings.setdefault(ring.resource, []).append(
+                RingStatus(
+                    registry=host,
+                    images=ring.images,
+                    cursor=ring.cursor,
+                    cycleStarted=None
+                    if ring.cycle_started is None
+                    else clock.rfc3339(ring.cycle_started),
+                    cycleDuration=None
+                    if ring.cycle_duration is None
+                    else format_duration(ring.cycle_duration),
+                )
+            )
+        for name, queued in view.copy_queues.items():
+            queues.setdefault(name, []).append(QueueStatus(registry=host, queued=queued))
+    names = sorted(set(rings) | set(queues))
+    return Status(
+        startedAt=clock.rfc3339(started),
+        config=config,
+        registries=registries,
+        resources={
+            name: ResourceStatus(
+                checks=Rings(registries=rings.get(name, [])),
+                copies=Queues(registries=queues.get(name, [])),
+            )
+            for name in names
+            if resource is None or name == resource
+        },
+        cache=CacheStatus(entries=len(kept), bytes=kept.bytes, hits=kept.hits, misses=kept.misses),
+        flowControl=FlowControlStatus(priorityLevels=[]),
+    )

@@ -1,0 +1,46 @@
+"""Fixtures shared by the runtime and web tests: a recording registry and a proxy before it."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from kuikproxy.config import parse_config
+from kuikproxy.web.app import build_app
+from tests.upstream_app import Registry
+
+HOST = "registry.test"
+
+ProxyFactory = Callable[..., Awaitable[TestClient[object, object]]]
+
+
+@pytest.fixture
+async def registry(aiohttp_server: Callable[..., Awaitable[TestServer]]) -> tuple[Registry, TestServer]:
+    fake = Registry()
+    server = await aiohttp_server(fake.app())
+    return fake, server
+
+
+@pytest.fixture
+def proxy(
+    registry: tuple[Registry, TestServer],
+    aiohttp_client: Callable[..., Awaitable[TestClient[object, object]]],
+) -> ProxyFactory:
+    """Start kuikproxy before the recording registry, as ``registry.test``; ``extra`` is YAML
+    merged into that host's block (e.g. ``check: {interval: 200ms}``)."""
+    _, server = registry
+
+    async def start(host_block: str = "check: {interval: 200ms}", top: str = "") -> TestClient[object, object]:
+        text = (
+            f"{top}\n"
+            "registries:\n"
+            f"  {HOST}:\n"
+            f"    upstream: http://127.0.0.1:{server.port}\n"
+            + "".join(f"    {line}\n" for line in host_block.splitlines())
+        )
+        app = build_app(parse_config(text))
+        return await aiohttp_client(app, server_kwargs={"handler_cancellation": True})
+
+    return start

@@ -1,0 +1,97 @@
+"""A registry for tests: an aiohttp app that serves any manifest and blob and records every
+request it receives, with the loop time it arrived at."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+BLOB_SIZE = 256 * 1024
+
+
+def manifest_of(repository: str, reference: str) -> bytes:
+    return json.dumps(
+        {"schemaVersion": 2, "mediaType": MANIFEST_TYPE, "annotations": {"ref": f"{repository}:{reference}"}}
+    ).encode()
+
+
+def digest_of(body: bytes) -> str:
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    at: float
+    headers: dict[str, list[str]]
+
+
+@dataclass
+class Registry:
+    """The recording registry; ``delay`` slows manifest answers, ``fail`` maps paths to statuses."""
+
+    seen: list[Seen] = field(default_factory=list)
+    delay: float = 0.0
+    fail: dict[str, int] = field(default_factory=dict)
+    blob_chunks: int = 4
+
+    def reads(self, kind: str = "manifests") -> list[Seen]:
+        return [s for s in self.seen if f"/{kind}/" in s.path]
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/v2/", self.ping)
+        app.router.add_route("*", "/v2/{name:.+}/manifests/{reference}", self.manifest)
+        app.router.add_route("*", "/v2/{name:.+}/blobs/{digest}", self.blob)
+        return app
+
+    def record(self, request: web.Request) -> None:
+        headers: dict[str, list[str]] = {}
+        for k, v in request.headers.items():
+            headers.setdefault(k.lower(), []).append(v)
+        loop = asyncio.get_running_loop()
+        self.seen.append(Seen(request.method, request.path, loop.time(), headers))
+
+    async def ping(self, request: web.Request) -> web.Response:
+        self.record(request)
+        return web.json_response({}, headers={"Docker-Distribution-API-Version": "registry/2.0"})
+
+    async def manifest(self, request: web.Request) -> web.StreamResponse:
+        self.record(request)
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        status = self.fail.get(request.path)
+        if status is not None:
+            return web.json_response({"errors": [{"code": "UNKNOWN", "message": "failing"}]}, status=status)
+        name, reference = request.match_info["name"], request.match_info["reference"]
+        body = manifest_of(name, reference)
+        headers = {
+            "Content-Type": MANIFEST_TYPE,
+            "Docker-Content-Digest": digest_of(body),
+            "Content-Length": str(len(body)),
+        }
+        if request.method == "HEAD":
+            return web.Response(headers=headers)
+        return web.Response(body=body, headers={k: v for k, v in headers.items() if k != "Content-Length"} | {"Content-Type": MANIFEST_TYPE})
+
+    async def blob(self, request: web.Request) -> web.StreamResponse:
+        self.record(request)
+        status = self.fail.get(request.path)
+        if status is not None:
+            return web.json_response({"errors": [{"code": "BLOB_UNKNOWN", "message": "failing"}]}, status=status)
+        chunk = b"x" * (BLOB_SIZE // self.blob_chunks)
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Docker-Content-Digest": request.match_info["digest"]})
+        response.content_length = BLOB_SIZE
+        await response.prepare(request)
+        if request.method == "GET":
+            for _ in range(self.blob_chunks):
+                await response.write(chunk)
+                await asyncio.sleep(0.01)
+        await response.write_eof()
+        return response

@@ -1,0 +1,103 @@
+"""Copies over HTTP (P9): acceptance 4 of the pacing issue, on virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.conftest import HOST, ProxyFactory
+from tests.upstream_app import Registry, digest_of, manifest_of
+
+pytestmark = pytest.mark.looptime
+
+INTERVAL = 0.2
+BLOB = "sha256:" + "b" * 64
+OTHER_BLOB = "sha256:" + "c" * 64
+
+
+def get(client, path: str, resource: str):  # type: ignore[no-untyped-def]
+    return client.get(f"/v2/app/{path}?ns={HOST}", headers={"Kuik-Resource": resource})
+
+
+async def test_p9_open_copy_lets_children_through_and_stays_busy_until_idle(
+    proxy: ProxyFactory, registry: tuple[Registry, object]
+) -> None:
+    """A manifest GET by tag opens a copy at a copy window; the same resource's manifest by
+    digest and blobs go through at once, and the copy series stays busy until ``copy.idle``
+    after the last of them ended, when the next window takes the next queued copy."""
+    fake, _ = registry
+    client = await proxy("copy: {interval: 200ms, idle: 500ms}")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    async def pull() -> float:
+        index = await get(client, "manifests/v1", "node-a")
+        assert index.status == 200
+        digest = digest_of(manifest_of("app", "v1"))
+        children = await asyncio.gather(
+            get(client, f"manifests/{digest}", "node-a"),
+            get(client, f"blobs/{BLOB}", "node-a"),
+            get(client, f"blobs/{OTHER_BLOB}", "node-a"),
+        )
+        for child in children:
+            assert child.status == 200
+            await child.read()
+        return loop.time()
+
+    async def other() -> float:
+        await asyncio.sleep(0.25)
+        response = await get(client, "manifests/v2", "node-b")
+        assert response.status == 200
+        return loop.time()
+
+    pulled, other_done = await asyncio.gather(pull(), other())
+    seen = [(s.path.rsplit("/", 1)[1][:10], round(s.at - start, 2)) for s in fake.seen]
+    v1_children = [at for name, at in seen if name != "v2"]
+    assert all(abs(at - INTERVAL) < 0.1 for at in v1_children), seen
+    # the copy stays open until idle (0.5 s) after its last request: windows at 0.4, 0.6 are busy
+    v2_at = next(at for name, at in seen if name == "v2")
+    assert v2_at >= pulled - start + 0.5 - 1e-6
+    assert round(v2_at / INTERVAL, 6).is_integer()
+    status = await (await client.get("/status")).json()
+    assert status["registries"][HOST]["copy"]["windows"]["busy"] >= 2
+    assert other_done >= start + v2_at
+
+
+async def test_p9_failed_copy_does_not_hold_back_the_copies_queued_behind_it(
+    proxy: ProxyFactory, registry: tuple[Registry, object]
+) -> None:
+    """A copy whose upstream read fails is answered with the error; the next window takes the
+    next queued copy, and the retry queues at the back."""
+    fake, _ = registry
+    fake.fail["/v2/app/manifests/bad"] = 500
+    client = await proxy("copy: {interval: 200ms, idle: 0s}")
+    start = asyncio.get_running_loop().time()
+
+    async def bad() -> list[int]:
+        first = await get(client, "manifests/bad", "node-a")
+        retry = await get(client, "manifests/bad", "node-a")
+        return [first.status, retry.status]
+
+    async def good() -> int:
+        await asyncio.sleep(0.01)
+        return (await get(client, "manifests/good", "node-b")).status
+
+    bad_statuses, good_status = await asyncio.gather(bad(), good())
+    assert bad_statuses == [500, 500]
+    assert good_status == 200
+    order = [(s.path.rsplit("/", 1)[1], round(s.at - start, 3)) for s in fake.reads()]
+    assert order == [("bad", 0.2), ("good", 0.4), ("bad", 0.6)]
+
+
+async def test_p9_blob_outside_an_open_copy_opens_its_own(
+    proxy: ProxyFactory, registry: tuple[Registry, object]
+) -> None:
+    """A blob GET of a resource with no open copy waits for a copy window of its own."""
+    fake, _ = registry
+    client = await proxy("copy: {interval: 200ms}")
+    start = asyncio.get_running_loop().time()
+    response = await get(client, f"blobs/{BLOB}", "node-a")
+    assert response.status == 200
+    assert len(await response.read()) > 0
+    assert [round(s.at - start, 3) for s in fake.reads("blobs")] == [0.2]
