@@ -17,7 +17,9 @@ ProxyFactory = Callable[..., Awaitable[TestClient[object, object]]]
 
 
 @pytest.fixture
-async def registry(aiohttp_server: Callable[..., Awaitable[TestServer]]) -> tuple[Registry, TestServer]:
+async def registry(
+    aiohttp_server: Callable[..., Awaitable[TestServer]],
+) -> tuple[Registry, TestServer]:
     fake = Registry()
     server = await aiohttp_server(fake.app())
     return fake, server
@@ -32,7 +34,9 @@ def proxy(
     merged into that host's block (e.g. ``check: {interval: 200ms}``)."""
     _, server = registry
 
-    async def start(host_block: str = "check: {interval: 200ms}", top: str = "") -> TestClient[object, object]:
+    async def start(
+        host_block: str = "check: {interval: 200ms}", top: str = ""
+    ) -> TestClient[object, object]:
         text = (
             f"{top}\n"
             "registries:\n"

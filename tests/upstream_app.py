@@ -16,7 +16,11 @@ BLOB_SIZE = 256 * 1024
 
 def manifest_of(repository: str, reference: str) -> bytes:
     return json.dumps(
-        {"schemaVersion": 2, "mediaType": MANIFEST_TYPE, "annotations": {"ref": f"{repository}:{reference}"}}
+        {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_TYPE,
+            "annotations": {"ref": f"{repository}:{reference}"},
+        }
     ).encode()
 
 
@@ -68,7 +72,9 @@ class Registry:
             await asyncio.sleep(self.delay)
         status = self.fail.get(request.path)
         if status is not None:
-            return web.json_response({"errors": [{"code": "UNKNOWN", "message": "failing"}]}, status=status)
+            return web.json_response(
+                {"errors": [{"code": "UNKNOWN", "message": "failing"}]}, status=status
+            )
         name, reference = request.match_info["name"], request.match_info["reference"]
         body = manifest_of(name, reference)
         headers = {
@@ -78,15 +84,26 @@ class Registry:
         }
         if request.method == "HEAD":
             return web.Response(headers=headers)
-        return web.Response(body=body, headers={k: v for k, v in headers.items() if k != "Content-Length"} | {"Content-Type": MANIFEST_TYPE})
+        return web.Response(
+            body=body,
+            headers={k: v for k, v in headers.items() if k != "Content-Length"}
+            | {"Content-Type": MANIFEST_TYPE},
+        )
 
     async def blob(self, request: web.Request) -> web.StreamResponse:
         self.record(request)
         status = self.fail.get(request.path)
         if status is not None:
-            return web.json_response({"errors": [{"code": "BLOB_UNKNOWN", "message": "failing"}]}, status=status)
+            return web.json_response(
+                {"errors": [{"code": "BLOB_UNKNOWN", "message": "failing"}]}, status=status
+            )
         chunk = b"x" * (BLOB_SIZE // self.blob_chunks)
-        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Docker-Content-Digest": request.match_info["digest"]})
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "application/octet-stream",
+                "Docker-Content-Digest": request.match_info["digest"],
+            }
+        )
         response.content_length = BLOB_SIZE
         await response.prepare(request)
         if request.method == "GET":

@@ -287,10 +287,12 @@ class HostScheduler:
                 prefetching.credit(read.image.key, read.at)
         answered: set[str] = set()
         for ticket in served:
-            self._release(self._check_tickets, ticket)
+            # a ticket cancelled meanwhile (P11) no longer counts among its ring's waiters
+            waited = self._release(self._check_tickets, ticket)
             ring = self._rings.get(ticket.resource)
             if ring is not None:
-                ring.unwait(ticket.image.key)
+                if waited:
+                    ring.unwait(ticket.image.key)
                 if ticket.resource not in answered:
                     ring.answer(ticket.image.key, read.at)
             answered.add(ticket.resource)

@@ -16,7 +16,7 @@ from yarl import URL
 
 from kuikproxy.config import Config
 from kuikproxy.core.scheduler import Operation
-from kuikproxy.errors import RegistryError, Unsupported
+from kuikproxy.errors import NotFound, RegistryError, Unsupported
 from kuikproxy.runtime.messages import Answer, RegistryRequest
 from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.upstream.client import AiohttpTransport, Transport, UpstreamRequest, end_to_end
@@ -103,6 +103,10 @@ async def ping(request: web.Request, host: str, base: URL, ns: str | None) -> we
     return answer_response(request, kept[1], ns)
 
 
+async def not_found(request: web.Request) -> web.StreamResponse:
+    raise NotFound(f"no such route {request.path[:200]!r}")
+
+
 async def healthz(request: web.Request) -> web.StreamResponse:
     return web.json_response({"status": "ok"})
 
@@ -144,4 +148,5 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
     app.router.add_get("/readyz", healthz)
     app.router.add_get("/status", status)
     app.router.add_route("*", "/v2{tail:.*}", registry)
+    app.router.add_route("*", "/{tail:.*}", not_found)
     return app
