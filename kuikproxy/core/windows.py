@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 
+_TOLERANCE = 1e-6
+
+
 class Outcome(StrEnum):
     """What became of a window (P3), as counted in ``/status`` and metrics."""
 
@@ -47,9 +50,10 @@ class Series:
         return self.origin + k * self.interval
 
     def _last_due(self, now: float) -> int:
-        """The index of the latest window at or before ``now`` (a timer firing at a window's
-        float time must find that window due, hence the tolerance)."""
-        return math.floor((now - self.origin) / self.interval + 1e-9)
+        """The index of the latest window at or before ``now``. A timer may fire a clock tick
+        before the float time it was set for, and must still find its window due: hence the
+        microsecond of tolerance."""
+        return math.floor((now - self.origin + _TOLERANCE) / self.interval)
 
     def pass_idle(self, now: float) -> None:
         """The windows up to ``now`` found nothing to do (a host nobody had asked for yet)."""

@@ -126,10 +126,13 @@ class _Host:
     # -- reads ----------------------------------------------------------------------------
 
     async def carry_out(self, read: Read) -> None:
-        if read.operation is Operation.CHECK:
-            await self.check_read(read)
-        else:
-            await self.copy_read(read)
+        try:
+            if read.operation is Operation.CHECK:
+                await self.check_read(read)
+            else:
+                await self.copy_read(read)
+        except Exception:  # a bug must cost one read, not the series: waiters retry next lap
+            log.exception("%s: reading %s failed unexpectedly", self.name, read.image.key)
 
     def group(self, read: Read) -> list[Ticket]:
         """The tickets one upstream answer may serve: those with the leader's credentials (R5)."""
@@ -191,7 +194,7 @@ class _Host:
             if kept:
                 self.pacer.kept.keep(self.name, read.image.key, answer)
                 digest = answer.header("docker-content-digest")
-            served = [t for t in group if _serves(answer, self.waiters[t].request)]
+            served = self.served_by(answer, group)
             self.resolve(served, answer)
         finally:
             released = self.scheduler.check_read_done(
@@ -204,7 +207,8 @@ class _Host:
         all who can share the answer (R2); blobs, and those who cannot share, go upstream
         themselves."""
         done = self.copy_done
-        if read.image.by_digest and self.waiters[read.tickets[0]].request.kind == "blobs":
+        leader = self.waiters.get(read.tickets[0])
+        if leader is None or leader.request.kind == "blobs":
             self.resolve(list(read.tickets), Go(done))
             return
         group = self.group(read)
@@ -218,11 +222,20 @@ class _Host:
         else:
             if is_kept_status(answer.status):
                 self.pacer.kept.keep(self.name, read.image.key, answer)
-            served = [t for t in group if _serves(answer, self.waiters[t].request)]
+            served = self.served_by(answer, group)
             self.resolve(served, answer)
         for _ in served:
             done()
         self.resolve([t for t in read.tickets if t not in served], Go(done))
+
+    def served_by(self, answer: Answer, group: list[Ticket]) -> list[Ticket]:
+        """The tickets still waiting that this answer serves (R2 with R3); clients may have
+        left while it was read."""
+        return [
+            t
+            for t in group
+            if (waiter := self.waiters.get(t)) is not None and _serves(answer, waiter.request)
+        ]
 
     def copy_done(self) -> None:
         self.scheduler.copy_request_done(self.pacer.loop.time())
@@ -231,6 +244,8 @@ class _Host:
         for ticket in tickets:
             waiter = self.waiters.get(ticket)
             if waiter is None or waiter.future.done():
+                if isinstance(outcome, Go):  # its client left: end its part of the copy now
+                    outcome.done()
                 continue
             if isinstance(outcome, RegistryError):
                 waiter.future.set_exception(outcome)
@@ -272,6 +287,14 @@ class _Host:
             waiter.expiry = loop.call_at(ticket.since + max_hold, self.held_too_long, ticket)
         try:
             return await waiter.future
+        except asyncio.CancelledError:
+            # released, but the client left before it could use the release: end its part
+            future = waiter.future
+            if future.done() and not future.cancelled() and future.exception() is None:
+                outcome = future.result()
+                if isinstance(outcome, Go):
+                    outcome.done()
+            raise
         finally:
             if waiter.expiry is not None:
                 waiter.expiry.cancel()

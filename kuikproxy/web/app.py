@@ -58,7 +58,7 @@ async def registry(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG]
     route = parse_route(request.rel_url.raw_path)
     host = upstream_host(request, config)
-    ns = request.query.get("ns") and host
+    ns = host if "ns" in request.query else None  # answered with OCI-Namespace (§3)
     if request.method not in READ_METHODS:
         raise Unsupported(f"{request.method} is not supported: kuikproxy only reads registries")
     settings = config.registry(host)

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from timeline import HOST, img
 
-from kuikproxy.core.scheduler import (
-    Hold,
-    HostPacing,
-    HostScheduler,
-    Outcome,
-    Pass,
-    Read,
-    WindowResult,
-)
+from kuikproxy.core.scheduler import Hold, HostPacing, HostScheduler, Pass, Read, WindowResult
+from kuikproxy.core.windows import Outcome
 
 MIN = 60.0
 DIGEST = "sha256:" + "ab" * 32
 BLOB = "sha256:" + "cd" * 32
 
 
-def scheduler(**pacing: float) -> HostScheduler:
+def scheduler(**pacing: Any) -> HostScheduler:
     pacing.setdefault("check_interval", MIN)
     pacing.setdefault("copy_interval", MIN)
     return HostScheduler(HOST, HostPacing(**pacing), 0.0)

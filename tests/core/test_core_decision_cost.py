@@ -33,7 +33,7 @@ operations = st.lists(
 
 @settings(max_examples=300, deadline=None)
 @given(operations)
-def test_sorted_set_behaves_like_a_sorted_list(ops: list[tuple[str, object]]) -> None:
+def test_decision_cost_sorted_set_behaves_like_a_sorted_list(ops: list[tuple[str, object]]) -> None:
     """SortedSet against a sorted-list model, with tiny chunks so that splits, merges and bulk
     rebuilds all happen: membership, order (byte-wise = code-point), first, after, rank."""
     with mock.patch.object(sortedset, "_CHUNK", 3):
@@ -86,11 +86,11 @@ def test_decision_cost_hold_ring_of_100k_images_takes_without_scanning() -> None
         start = time.perf_counter()
         taken = []
         for i in range(DECISIONS):
-            key = ring.take(float(i), False)
-            assert key is not None
-            ring.unwait(key)
-            ring.answer(key, float(i))
-            taken.append(key)
+            took = ring.take(float(i), False)
+            assert took is not None
+            ring.unwait(took)
+            ring.answer(took, float(i))
+            taken.append(took)
         elapsed = time.perf_counter() - start
     assert taken[: DECISIONS // 2 - 1] == all_keys[N - DECISIONS // 2 + 1 :]
     assert ring.cycle_duration is not None

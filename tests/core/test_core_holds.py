@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from timeline import Timeline, images
 
-from kuikproxy.core.scheduler import Hold, Outcome, Reuse, Ticket
+from kuikproxy.core.scheduler import Hold, HostPacing, Reuse, Ticket
+from kuikproxy.core.windows import Outcome
 
 MIN = 60.0
 
@@ -139,3 +140,38 @@ def test_p11_cancel_of_one_waiter_leaves_the_others_waiting() -> None:
     read = t.window().read
     assert read is not None and read.tickets == (stays,)
     assert read.leader is stays
+
+
+def test_p11_request_cancelled_while_its_read_is_in_flight_does_not_strand_a_new_one() -> None:
+    """A client goes away while its image is being read, then asks again before the read ends
+    (the runtime still lists the first ticket as served): the new request waits for the next
+    lap and is read then — the stale ticket does not take the new one's place among the ring's
+    waiters."""
+    t = Timeline.start(0.0, check_interval=MIN)
+    first = held(t.ask("A", "app/a:1", 0.0))
+    read = t.window(read=False).read
+    assert read is not None and read.tickets == (first,)
+    t.sched.cancel(first)
+    t.held.pop(first.id)
+    again = held(t.ask("A", "app/a:1", MIN + 10))
+    t.finish(read, MIN + 20)
+    assert t.sched.waiting(again.operation) == 1
+    nxt = t.window().read
+    assert nxt is not None and nxt.tickets == (again,)
+    assert not t.held
+
+
+def test_p12_interval_change_restarts_only_that_series_without_moving_cursors() -> None:
+    """A reload that changes ``check.interval`` restarts the check series (first window a full
+    new interval after the reload); the copy series keeps its times and no cursor moves."""
+    t = Timeline.start(0.0, check_interval=MIN, copy_interval=MIN)
+    t.ask_all("A", ["app/a:1", "app/b:1"], 0.0)
+    t.window()
+    old = t.sched.pacing
+    new = HostPacing(**{**{f: getattr(old, f) for f in old.__slots__}, "check_interval": 300.0})
+    t.sched.reconfigure(new, 90.0)
+    assert t.next_window == 390.0
+    assert t.sched.copy_series.next_window() == MIN
+    assert t.cursor("A") == "app/a:1"
+    t.sched.reconfigure(new, 100.0)  # an unchanged interval keeps its times
+    assert t.next_window == 390.0

@@ -12,7 +12,8 @@ from kuikproxy.core.reuse import (
     method_serves,
     shared_with,
 )
-from kuikproxy.core.scheduler import Hold, Outcome, Reuse
+from kuikproxy.core.scheduler import Hold, Reuse
+from kuikproxy.core.windows import Outcome
 
 MIN = 60.0
 HOUR = 3600.0

@@ -6,7 +6,8 @@ import random
 
 from timeline import Timeline, images
 
-from kuikproxy.core.scheduler import Hold, Outcome
+from kuikproxy.core.scheduler import Hold
+from kuikproxy.core.windows import Outcome
 
 MIN = 60.0
 

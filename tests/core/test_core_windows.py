@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from timeline import HOST, Timeline, img
 
-from kuikproxy.core.scheduler import HostPacing, HostScheduler, Outcome
-from kuikproxy.core.windows import Series
+from kuikproxy.core.scheduler import HostPacing, HostScheduler
+from kuikproxy.core.windows import Outcome, Series
 
 H1332 = 13 * 3600 + 32 * 60  # 13:32, the document's example
 MIN = 60.0
@@ -29,10 +29,12 @@ def test_p1_restart_loop_faster_than_the_interval_sends_nothing() -> None:
     """A proxy restarting every 4m59s on a 5m interval never reaches a window: each start is a
     new origin, and its first window is a full interval after it, past the next restart."""
     interval, every = 5 * MIN, 5 * MIN - 1
-    reads = 0
+    fired = 0
     now = float(H1332)
     for _ in range(500):
-        sched = HostScheduler(HOST, HostPacing(check_interval=interval, copy_interval=interval), now)
+        sched = HostScheduler(
+            HOST, HostPacing(check_interval=interval, copy_interval=interval), now
+        )
         sched.check("monitor", img("library/nginx:1.27"), now, auth=None, kept_at=None)
         sched.copy("mirror", img("library/nginx:1.27"), now, opens=True)
         restart = now + every
@@ -41,9 +43,10 @@ def test_p1_restart_loop_faster_than_the_interval_sends_nothing() -> None:
         for window in (sched.check_window, sched.copy_window):
             with pytest.raises(ValueError):
                 window(restart)  # nothing is due before the process restarts
-        reads += sum(sched.view(restart).check.windows.values())
+        view = sched.view(restart)
+        fired += sum(view.check.windows.values()) + sum(view.copy.windows.values())
         now = restart
-    assert reads == 0
+    assert fired == 0
 
 
 def test_p2_time_an_image_takes_never_moves_later_windows() -> None:
@@ -121,3 +124,18 @@ def test_p3_late_wake_up_counts_skipped_windows_busy_and_never_fires_two() -> No
     with pytest.raises(ValueError):
         t.sched.check_window(3.5 * MIN)
     assert t.counts() == {"used": 1, "idle": 0, "busy": 2, "blocked": 0}
+
+
+def test_p1_host_first_seen_later_keeps_the_proxys_window_times() -> None:
+    """A host first asked for at 13:40 on a proxy serving since 13:32 (interval 5m) gets its
+    windows on the proxy's times: 13:42 next; the one it had at 13:37 is counted idle."""
+    pacing = HostPacing(check_interval=5 * MIN, copy_interval=5 * MIN)
+    sched = HostScheduler(HOST, pacing, H1332 + 8 * MIN, origin=H1332)
+    assert sched.check_series.next_window() == H1332 + 10 * MIN
+    assert sched.copy_series.next_window() == H1332 + 10 * MIN
+    assert sched.view(H1332 + 8 * MIN).check.windows == {
+        "used": 0,
+        "idle": 1,
+        "busy": 0,
+        "blocked": 0,
+    }

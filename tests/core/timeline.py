@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from kuikproxy.core.images import Image
 from kuikproxy.core.reuse import shared_with
 from kuikproxy.core.scheduler import (
     Admission,
+    Hold,
     HostPacing,
     HostScheduler,
-    Hold,
     Read,
     Reuse,
     RingView,
@@ -59,14 +60,10 @@ class Timeline:
     reused: list[tuple[str, str, float]] = field(default_factory=list)  # (resource, key, now)
 
     @classmethod
-    def start(cls, now: float = 0.0, *, reask: bool = False, **pacing: float) -> Timeline:
+    def start(cls, now: float = 0.0, *, reask: bool = False, **pacing: Any) -> Timeline:
         pacing.setdefault("check_interval", 60.0)
         pacing.setdefault("copy_interval", 60.0)
         return cls(HostScheduler(HOST, HostPacing(**pacing), now), reask)
-
-    @property
-    def interval(self) -> float:
-        return self.sched.check_series.interval
 
     @property
     def next_window(self) -> float:

@@ -101,3 +101,23 @@ async def test_p9_blob_outside_an_open_copy_opens_its_own(
     assert response.status == 200
     assert len(await response.read()) > 0
     assert [round(s.at - start, 3) for s in fake.reads("blobs")] == [0.2]
+
+
+async def test_p9_p11_copy_whose_client_left_mid_read_still_closes(
+    proxy: ProxyFactory, registry: tuple[Registry, object]
+) -> None:
+    """A client that leaves while its copy's manifest is being read does not keep the copy
+    open: it closes after the read, and the next queued copy gets the next window."""
+    fake, _ = registry
+    fake.delay = 1.0
+    client = await proxy("copy: {interval: 200ms, idle: 0s}")
+    start = asyncio.get_running_loop().time()
+    leaving = asyncio.ensure_future(get(client, "manifests/v1", "node-a"))
+    await asyncio.sleep(0.25)
+    staying = asyncio.ensure_future(get(client, "manifests/v2", "node-b"))
+    await asyncio.sleep(0.05)
+    leaving.cancel()
+    response = await staying
+    assert response.status == 200
+    order = [(s.path.rsplit("/", 1)[1], round(s.at - start, 3)) for s in fake.reads()]
+    assert order == [("v1", 0.2), ("v2", 1.4)]

@@ -1,0 +1,71 @@
+"""Unpaced routes: the /v2/ ping, hosts with ``paced: false``, health and status (§4.1)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.conftest import HOST, ProxyFactory
+from tests.upstream_app import Registry
+
+pytestmark = pytest.mark.looptime
+
+
+async def test_s4_1_ping_is_unpaced_and_kept_sixty_seconds(
+    proxy: ProxyFactory, registry: tuple[Registry, object]
+) -> None:
+    """/v2/ is answered at once from the registry's own answer, which is kept for 60 s."""
+    fake, _ = registry
+    client = await proxy()
+    loop = asyncio.get_running_loop()
+    before = loop.time()
+    for _ in range(3):
+        response = await client.get(f"/v2/?ns={HOST}")
+        assert response.status == 200
+        assert response.headers["Docker-Distribution-API-Version"] == "registry/2.0"
+    assert loop.time() - before < 0.01
+    assert [s.path for s in fake.seen] == ["/v2/"]
+    await asyncio.sleep(61)
+    assert (await client.get(f"/v2/?ns={HOST}")).status == 200
+    assert [s.path for s in fake.seen] == ["/v2/", "/v2/"]
+
+
+async def test_s4_3_unpaced_host_passes_straight_through(
+    proxy: ProxyFactory, registry: tuple[Registry, object]
+) -> None:
+    """A host with ``paced: false`` (a destination kuik owns) is read at once, every time."""
+    fake, _ = registry
+    client = await proxy("paced: false")
+    loop = asyncio.get_running_loop()
+    before = loop.time()
+    for _ in range(3):
+        response = await client.head(f"/v2/app/manifests/v1?ns={HOST}")
+        assert response.status == 200
+    assert loop.time() - before < 0.05
+    assert len(fake.reads()) == 3
+
+
+async def test_health_and_status_endpoints(proxy: ProxyFactory) -> None:
+    """/healthz and /readyz answer 200; unknown routes get the OCI NOT_FOUND body."""
+    client = await proxy()
+    assert (await client.get("/healthz")).status == 200
+    assert (await client.get("/readyz")).status == 200
+    missing = await client.get("/nope")
+    assert missing.status == 404
+    assert (await missing.json())["errors"][0]["code"] == "NOT_FOUND"
+
+
+async def test_s8_status_filters_by_resource_and_registry(
+    proxy: ProxyFactory, registry: tuple[Registry, object]
+) -> None:
+    """?resource= and ?registry= narrow /status."""
+    client = await proxy()
+    await asyncio.gather(
+        client.head(f"/v2/app/manifests/a?ns={HOST}", headers={"Kuik-Resource": "one"}),
+        client.head(f"/v2/app/manifests/b?ns={HOST}", headers={"Kuik-Resource": "two"}),
+    )
+    one = await (await client.get("/status", params={"resource": "one"})).json()
+    assert list(one["resources"]) == ["one"]
+    none = await (await client.get("/status", params={"registry": "other.example"})).json()
+    assert none["registries"] == {}
