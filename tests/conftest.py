@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -14,6 +16,16 @@ from tests.upstream_app import Registry
 HOST = "registry.test"
 
 ProxyFactory = Callable[..., Awaitable[TestClient[object, object]]]
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_event_loop(request: pytest.FixtureRequest) -> Iterator[None]:
+    """looptime asks the event loop policy for a loop around every test, sync ones too, and in
+    a sync test that creates a loop nobody closes (a ResourceWarning, an error here). With the
+    loop explicitly unset, the policy answers "no loop" instead of making one."""
+    if not inspect.iscoroutinefunction(request.function):
+        asyncio.set_event_loop(None)
+    yield
 
 
 @pytest.fixture

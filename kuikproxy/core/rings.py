@@ -16,8 +16,9 @@ Which images are due depends on the mode (P7):
 
 * ``hold``: images with a request waiting that are not done in this lap. They live in a
   :class:`SortedSet` (``_due``); waiting images already done sit in ``_deferred`` until the lap
-  ends, when those not credited to the new lap become due at once. The next due image is one
-  successor query: O(log n).
+  ends, and those done for the next lap in ``_ahead`` until the one after. The next due image
+  is one successor query: O(log n). If at a wrap only images done for the next lap wait, that
+  lap is over as it starts: they become due at once, so no request waits in vain.
 * ``prefetch``: every image not done in this lap. The walk goes through the whole ring's order
   and skips images done out of turn; each such image is skipped at most once per lap, so a
   decision is amortised O(log n).
@@ -51,6 +52,7 @@ class _Entry:
 
 class Ring:
     __slots__ = (
+        "_ahead",
         "_deferred",
         "_due",
         "_entries",
@@ -66,7 +68,8 @@ class Ring:
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._order = SortedSet()
         self._due = SortedSet()
-        self._deferred: set[str] = set()
+        self._deferred: set[str] = set()  # waiting, done in this lap
+        self._ahead: set[str] = set()  # waiting, done for the next lap (answered behind the cursor)
         self._waiting: dict[str, int] = {}
         self.cursor: str | None = None
         self.lap = 0
@@ -103,11 +106,11 @@ class Ring:
             return entry.asked
         return None
 
-    def expire(self, before: float) -> list[str]:
+    def expire(self, before: float, now: float) -> list[str]:
         """Drop the images last asked for before ``before`` (P8) and return them.
 
         An image with a request still waiting is being asked for right now: it stays, its
-        retention counted from ``before``. The cursor may name a dropped image; successor
+        retention counted from ``now``. The cursor may name a dropped image; successor
         queries do not need it to be a member.
         """
         gone = []
@@ -116,7 +119,7 @@ class Ring:
             if entry.asked >= before:
                 break
             if image in self._waiting:
-                entry.asked = before
+                entry.asked = now
                 self._entries.move_to_end(image)
                 continue
             del self._entries[image]
@@ -137,11 +140,12 @@ class Ring:
         if self.cycle_started is not None:
             self.cycle_duration = now - self.cycle_started
         self.cycle_started = now
+        self._next_lap()
+
+    def _next_lap(self) -> None:
         self.lap += 1
-        entries = self._entries
-        still_done = {image for image in self._deferred if self._done(entries[image])}
-        self._due.update(self._deferred - still_done)
-        self._deferred = still_done
+        self._due.update(self._deferred)
+        self._deferred, self._ahead = self._ahead, set()
 
     def answered_in_lap(self, image: str) -> bool:
         entry = self._entries.get(image)
@@ -158,10 +162,7 @@ class Ring:
         count = self._waiting.get(image, 0)
         self._waiting[image] = count + 1
         if count == 0:
-            if self._done(self._entries[image]):
-                self._deferred.add(image)
-            else:
-                self._due.add(image)
+            self._file(image, self._entries[image])
 
     def unwait(self, image: str) -> None:
         """A waiting request was answered or went away (P11)."""
@@ -172,6 +173,16 @@ class Ring:
         self._waiting.pop(image, None)
         self._due.discard(image)
         self._deferred.discard(image)
+        self._ahead.discard(image)
+
+    def _file(self, image: str, entry: _Entry) -> None:
+        """Put a waiting image in the set its lap says: due, done now, or done for the next."""
+        if entry.lap > self.lap:
+            self._ahead.add(image)
+        elif entry.lap == self.lap:
+            self._deferred.add(image)
+        else:
+            self._due.add(image)
 
     def answer(self, image: str, now: float) -> None:
         """The resource was answered ``image`` at ``now`` (by a window, R2, or a kept answer)."""
@@ -181,7 +192,7 @@ class Ring:
         entry.answered = now
         self._mark_done(image, entry)
 
-    def credit(self, image: str, now: float) -> None:
+    def credit(self, image: str) -> None:
         """A window read ``image`` for everyone (prefetch, P7): this resource need not read it
         again in this lap, though nothing was answered to it."""
         entry = self._entries.get(image)
@@ -191,9 +202,10 @@ class Ring:
     def _mark_done(self, image: str, entry: _Entry) -> None:
         behind = self.cursor is not None and image < self.cursor
         entry.lap = self.lap + 1 if behind else self.lap
-        if image in self._due:  # requests still waiting for it wait for the next lap (P5)
+        if image in self._waiting:  # requests still waiting for it wait for the next lap (P5)
             self._due.discard(image)
-            self._deferred.add(image)
+            self._deferred.discard(image)
+            self._file(image, entry)
 
     def waiting(self, image: str) -> int:
         return self._waiting.get(image, 0)
@@ -201,7 +213,7 @@ class Ring:
     def has_due(self, prefetch: bool) -> bool:
         if prefetch:
             return bool(self._entries)
-        return bool(self._due) or bool(self._deferred)
+        return bool(self._due) or bool(self._deferred) or bool(self._ahead)
 
     # -- the P5 rule --------------------------------------------------------------------------
 
@@ -213,6 +225,10 @@ class Ring:
         image = self._next_due(self.cursor, prefetch)
         if image is None:
             self._end_lap(now)
+            if not prefetch and not self._due:
+                # the new lap holds only answers given ahead of it (behind the cursor): it is
+                # over as it starts, and the requests waiting on them are due in the next
+                self._next_lap()
             image = self._next_due(None, prefetch)
             if image is None:
                 return None

@@ -284,7 +284,7 @@ class HostScheduler:
         if self.pacing.prefetch and kept and (read.leader is None or read.leader.auth is None):
             # the answer is kept for everyone: no prefetch ring reads it again in this lap
             for prefetching in self._rings.values():
-                prefetching.credit(read.image.key, read.at)
+                prefetching.credit(read.image.key)
         answered: set[str] = set()
         for ticket in served:
             # a ticket cancelled meanwhile (P11) no longer counts among its ring's waiters
@@ -296,8 +296,6 @@ class HostScheduler:
                 if ticket.resource not in answered:
                     ring.answer(ticket.image.key, read.at)
             answered.add(ticket.resource)
-        if read.leader is None:  # a prefetch read: the turn's resource took it without a request
-            return []
         until = now + self.pacing.follow_up
         released = []
         for resource in answered:
@@ -432,7 +430,7 @@ class HostScheduler:
             ring = self._rings.get(resource)
             if ring is None:
                 continue
-            ring.expire(cutoff)
+            ring.expire(cutoff, now)
             oldest = ring.oldest_ask()
             if oldest is None:
                 del self._rings[resource]

@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-
 _TOLERANCE = 1e-6
 
 

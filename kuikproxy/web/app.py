@@ -137,13 +137,20 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
     app[TRANSPORT] = transport or AiohttpTransport()
     app[PING_CACHE] = {}
 
-    async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
+    async def start(app: web.Application) -> None:
         app[PACER] = Pacer(config, app[TRANSPORT])
-        yield
+
+    async def stop(app: web.Application) -> None:
+        # on shutdown, before aiohttp waits for handlers: held requests are answered 503 now
+        # rather than cancelled after the grace period
         await app[PACER].close()
+
+    async def cleanup(app: web.Application) -> None:
         await app[TRANSPORT].close()
 
-    app.cleanup_ctx.append(lifecycle)
+    app.on_startup.append(start)
+    app.on_shutdown.append(stop)
+    app.on_cleanup.append(cleanup)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", healthz)
     app.router.add_get("/status", status)

@@ -145,3 +145,22 @@ def test_p6_two_resources_asking_for_the_same_images_lap_in_n_windows() -> None:
         assert sorted(t.read_keys()[lap * n : (lap + 1) * n]) == keys
     assert t.counts() == {"used": 3 * n + 2, "idle": 0, "busy": 0, "blocked": 0}
     assert all(len(read.tickets) == 2 for read in t.reads)  # R2: one read serves both
+
+
+def test_p5_request_answered_behind_the_cursor_waits_one_lap_and_is_never_starved() -> None:
+    """An answer for an image the cursor already passed counts in the next lap; a request
+    asked again for it is read in the lap after, even if nothing else is due (no starvation),
+    and the lap that held nothing but that early answer is not measured as a lap."""
+    t = Timeline.start(check_interval=60.0)
+    t.ask("b", "app:b", 0.0)
+    t.window()  # 60: b's first turn reads app:b; its cursor is now app:b
+    t.ask("a", "app:a", 61.0)
+    t.ask("b", "app:a", 61.0)  # b joins a's wait: answered by a's read, behind b's cursor
+    t.window()  # 120: a's turn reads app:a, answering b too
+    assert t.read_keys() == ["app:b", "app:a"]
+    t.ask("b", "app:a", 121.0)  # b asks again: already answered for its next lap
+    t.window()  # 180
+    t.window()  # 240
+    assert t.read_keys()[2:3] == ["app:a"], t.read_keys()
+    assert not t.held
+    assert t.ring_view("b").cycle_duration == 120.0  # 60 → 180, not a one-window lap

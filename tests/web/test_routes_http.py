@@ -69,3 +69,17 @@ async def test_s8_status_filters_by_resource_and_registry(
     assert list(one["resources"]) == ["one"]
     none = await (await client.get("/status", params={"registry": "other.example"})).json()
     assert none["registries"] == {}
+
+
+async def test_held_requests_are_answered_503_at_shutdown(
+    proxy: ProxyFactory, registry: tuple[Registry, object]
+) -> None:
+    """Shutting down answers every held request 503 UNAVAILABLE at once, without reading."""
+    fake, _ = registry
+    client = await proxy("check: {interval: 1h}")
+    held = asyncio.ensure_future(client.head(f"/v2/app/manifests/v1?ns={HOST}"))
+    await asyncio.sleep(0.1)
+    await client.server.runner.shutdown()
+    response = await held
+    assert response.status == 503
+    assert fake.reads() == []
