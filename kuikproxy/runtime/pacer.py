@@ -19,13 +19,13 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from yarl import URL
 
 from kuikproxy.config import Config, RegistrySettings
 from kuikproxy.core.images import Image
-from kuikproxy.core.reuse import is_kept_status
+from kuikproxy.core.reuse import accept_admits, is_kept_status, method_serves
 from kuikproxy.core.scheduler import (
     Hold,
     HostPacing,
@@ -139,13 +139,13 @@ class _Host:
         auth = read.leader.auth if read.leader is not None else None
         return [t for t in read.tickets if t.auth == auth and t in self.waiters]
 
-    def template(self, read: Read, group: list[Ticket]) -> RegistryRequest:
-        """The request a read sends: the leader's, as a GET if any GET waits beside it (R2)."""
-        if read.leader is not None:
-            leader = self.waiters[read.leader].request if read.leader in self.waiters else None
-        else:
-            leader = None
-        if leader is None:  # a prefetch read (P7): kuikproxy's own HEAD, shared by everyone
+    def template(self, read: Read, group: list[Ticket]) -> RegistryRequest | None:
+        """The request a read sends: the leader's (or, if its client just left, another of its
+        group's), as a GET if any GET waits beside it (R2); kuikproxy's own HEAD for a prefetch
+        read (P7); None when everyone it was for has left (P11: not read)."""
+        if read.leader is not None and not group:
+            return None
+        if read.leader is None:  # a prefetch read: kuikproxy's own HEAD, shared by everyone
             return RegistryRequest(
                 host=self.name,
                 image=read.image,
@@ -158,8 +158,10 @@ class _Host:
                 auth=None,
                 accept=PREFETCH_ACCEPT,
             )
+        first = read.leader if read.leader in group else group[0]
+        leader = self.waiters[first].request
         if leader.method == "HEAD" and any(self.waiters[t].request.method == "GET" for t in group):
-            return _with_method(leader, "GET")
+            return replace(leader, method="GET")
         return leader
 
     async def fetch(self, request: RegistryRequest, at: float, timeout: float | None) -> Answer:
@@ -185,6 +187,8 @@ class _Host:
         digest = None
         kept = False
         try:
+            if request is None:
+                return
             answer = await self.fetch(request, read.at, timeout)
         except RegistryError as error:
             served = group
@@ -214,19 +218,29 @@ class _Host:
         group = self.group(read)
         request = self.template(read, group)
         timeout = self.settings.copy.timeout or None
+        served: list[Ticket] = []
+        try:
+            if request is not None:
+                served = await self.copy_manifest(read, request, group, timeout)
+        finally:
+            for _ in served:  # answered whole: their part of the copy has ended
+                done()
+            self.resolve([t for t in read.tickets if t not in served], Go(done))
+
+    async def copy_manifest(
+        self, read: Read, request: RegistryRequest, group: list[Ticket], timeout: float | None
+    ) -> list[Ticket]:
+        """Read the copy's manifest once; answer those it serves and return them."""
         try:
             answer = await self.fetch(request, read.at, timeout)
         except RegistryError as error:
-            served = group
-            self.resolve(served, error)
-        else:
-            if is_kept_status(answer.status):
-                self.pacer.kept.keep(self.name, read.image.key, answer)
-            served = self.served_by(answer, group)
-            self.resolve(served, answer)
-        for _ in served:
-            done()
-        self.resolve([t for t in read.tickets if t not in served], Go(done))
+            self.resolve(group, error)
+            return group
+        if is_kept_status(answer.status):
+            self.pacer.kept.keep(self.name, read.image.key, answer)
+        served = self.served_by(answer, group)
+        self.resolve(served, answer)
+        return served
 
     def served_by(self, answer: Answer, group: list[Ticket]) -> list[Ticket]:
         """The tickets still waiting that this answer serves (R2 with R3); clients may have
@@ -319,16 +333,8 @@ class _Host:
         )
 
 
-def _with_method(request: RegistryRequest, method: str) -> RegistryRequest:
-    from dataclasses import replace
-
-    return replace(request, method=method)
-
-
 def _serves(answer: Answer, request: RegistryRequest) -> bool:
     """Whether the answer read for a window serves this waiting request (R2 with R3)."""
-    from kuikproxy.core.reuse import accept_admits, method_serves
-
     if not method_serves(answer.method, request.method):
         return False
     return answer.status != 200 or accept_admits(request.accept, answer.header("content-type"))
