@@ -7,7 +7,7 @@ images by that string. Everything here is pure parsing: no I/O, no clock.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kuikproxy.errors import DigestInvalid, ManifestInvalid, NameInvalid
 
@@ -72,16 +72,17 @@ class Image:
     host: str
     repository: str
     reference: str
+    # the ring key, ``repo:tag`` or ``repo@digest``, ordered byte-wise; made once, since the
+    # scheduler asks for it at every step and each copy would be held by a waiting request
+    key: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        separator = "@" if self.by_digest else ":"
+        object.__setattr__(self, "key", f"{self.repository}{separator}{self.reference}")
 
     @property
     def by_digest(self) -> bool:
         return is_digest(self.reference)
-
-    @property
-    def key(self) -> str:
-        """The ring key: ``repo:tag`` or ``repo@digest``, ordered byte-wise."""
-        separator = "@" if self.by_digest else ":"
-        return f"{self.repository}{separator}{self.reference}"
 
     def with_reference(self, reference: str) -> Image:
         return Image(self.host, self.repository, reference)

@@ -18,8 +18,9 @@ import email.utils
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
+from typing import Any
 
 from yarl import URL
 
@@ -54,6 +55,7 @@ PREFETCH_ACCEPT = (
     "application/vnd.docker.distribution.manifest.v2+json",
 )
 
+Admitted = Answer | Go | Coroutine[Any, Any, Answer | Go]
 WindowObserver = Callable[[str, Operation, WindowResult, float], None]
 
 
@@ -268,7 +270,7 @@ class _Host:
 
     # -- admission ------------------------------------------------------------------------
 
-    async def admit(self, request: RegistryRequest) -> Answer | Go:
+    def admit(self, request: RegistryRequest) -> Admitted:
         now = self.pacer.loop.time()
         s = self.scheduler
         if request.operation is Operation.CHECK:
@@ -290,7 +292,7 @@ class _Host:
         if isinstance(decision, Pass):
             return Go(self.copy_done) if request.operation is Operation.COPY else Go()
         assert isinstance(decision, Hold)
-        return await self.hold(decision.ticket, request)
+        return self.hold(decision.ticket, request)
 
     async def hold(self, ticket: Ticket, request: RegistryRequest) -> Answer | Go:
         loop = self.pacer.loop
@@ -389,11 +391,12 @@ class Pacer:
     def hosts(self) -> dict[str, HostScheduler]:
         return {name: h.scheduler for name, h in sorted(self._hosts.items())}
 
-    async def admit(self, request: RegistryRequest) -> Answer | Go:
-        """Answer a paced read: at once from a kept answer, or when its window comes."""
+    def admit(self, request: RegistryRequest) -> Admitted:
+        """Answer a paced read at once (a kept answer, or go without a window), or return what
+        to await for its window. Not a coroutine itself: a held request pays for each frame."""
         if self._closed:
             raise Unavailable("kuikproxy is shutting down")
-        return await self._host(request.host).admit(request)
+        return self._host(request.host).admit(request)
 
     def held(self) -> int:
         """How many requests are parked, across hosts."""

@@ -1,4 +1,4 @@
-"""The aiohttp application: routes, the error boundary, and the registry read path.
+"""The aiohttp application: routes and the registry read path.
 
 A registry read goes: parse the path → find the host → classify (resource, operation) → the
 runtime answers it (kept answer, window, or go) → relay. Errors kuikproxy makes are OCI error
@@ -9,15 +9,15 @@ process down.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from urllib.parse import parse_qsl
 
 from aiohttp import web
 from yarl import URL
 
-from kuikproxy.config import Config
+from kuikproxy.config import Config, RegistrySettings
 from kuikproxy.core.scheduler import Operation
 from kuikproxy.errors import NotFound, RegistryError, Unsupported
-from kuikproxy.runtime.messages import Answer, RegistryRequest
+from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
 from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.upstream.client import AiohttpTransport, Transport, UpstreamRequest, end_to_end
 from kuikproxy.web import status as status_models
@@ -33,19 +33,41 @@ TRANSPORT = web.AppKey("transport", Transport)
 PING_TTL = 60.0  # §4.1: a host's /v2/ answer is kept this long
 PING_CACHE = web.AppKey("ping_cache", dict[str, tuple[float, Answer]])
 READ_METHODS = frozenset({"GET", "HEAD"})
+MAX_PING_BODY = 64 * 1024
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-
-@web.middleware
-async def error_boundary(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def registry(request: web.Request) -> web.StreamResponse:
+    """Every ``/v2/`` route. Errors are caught here rather than in a middleware: a held request
+    pays for every coroutine frame it sits in, and this one is there anyway."""
     try:
-        return await handler(request)
+        config = request.app[CONFIG]
+        route = parse_route(request.rel_url.raw_path)
+        # parsed here and let go: aiohttp's request.query would stay cached on a held request
+        query = parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True)
+        host = upstream_host(query, config)
+        ns = host if any(k == "ns" for k, _ in query) else None  # answered with OCI-Namespace
+        if request.method not in READ_METHODS:
+            raise Unsupported(f"{request.method} is not supported: kuikproxy only reads registries")
+        settings = config.registry(host)
+        if route.kind == "ping":
+            return await ping(request, host, settings, ns)
+        read = classify(request, route, host, query, config)
+        transport = request.app[TRANSPORT]
+        if not settings.paced:  # a destination kuik owns (§4.3): straight through
+            return await stream(request, transport, _upstream(read, settings, None), ns)
+        outcome = request.app[PACER].admit(read)
+        if not isinstance(outcome, Answer | Go):
+            outcome = await outcome
+        if isinstance(outcome, Answer):
+            return answer_response(request, outcome, ns)
+        try:
+            timeout = settings.check.timeout if read.operation is Operation.CHECK else 0
+            return await stream(request, transport, _upstream(read, settings, timeout or None), ns)
+        finally:
+            outcome.done()
     except RegistryError as error:
         log.debug("%s %s: %s", request.method, request.path[:200], error.message)
         return error_response(error)
-    except web.HTTPException:
-        raise
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path[:200])
         return web.json_response(
@@ -54,49 +76,28 @@ async def error_boundary(request: web.Request, handler: Handler) -> web.StreamRe
         )
 
 
-async def registry(request: web.Request) -> web.StreamResponse:
-    config = request.app[CONFIG]
-    route = parse_route(request.rel_url.raw_path)
-    host = upstream_host(request, config)
-    ns = host if "ns" in request.query else None  # answered with OCI-Namespace (§3)
-    if request.method not in READ_METHODS:
-        raise Unsupported(f"{request.method} is not supported: kuikproxy only reads registries")
-    settings = config.registry(host)
-    base = URL(settings.upstream_url(host))
-    if route.kind == "ping":
-        return await ping(request, host, base, ns)
-    read = classify(request, route, host, config)
-    url = base.with_path(read.path, encoded=False).with_query(read.query)
-    transport = request.app[TRANSPORT]
-    if not settings.paced:  # a destination kuik owns (§4.3): straight through
-        return await stream(request, transport, _upstream(read, url, None), ns)
-    outcome = await request.app[PACER].admit(read)
-    if isinstance(outcome, Answer):
-        return answer_response(request, outcome, ns)
-    try:
-        timeout = settings.check.timeout if read.operation is Operation.CHECK else 0
-        return await stream(request, transport, _upstream(read, url, timeout or None), ns)
-    finally:
-        outcome.done()
+def _upstream(
+    read: RegistryRequest, settings: RegistrySettings, timeout: float | None
+) -> UpstreamRequest:
+    """The registry request for a read, built once it may go (not while it waits)."""
+    url = URL(settings.upstream_url(read.host)).with_path(read.path, encoded=False)
+    return UpstreamRequest(read.method, url.with_query(read.query), read.headers, timeout)
 
 
-def _upstream(read: RegistryRequest, url: URL, timeout: float | None) -> UpstreamRequest:
-    return UpstreamRequest(read.method, url, read.headers, timeout)
-
-
-async def ping(request: web.Request, host: str, base: URL, ns: str | None) -> web.StreamResponse:
+async def ping(
+    request: web.Request, host: str, settings: RegistrySettings, ns: str | None
+) -> web.StreamResponse:
     """``/v2/``: unpaced, the upstream's answer (200, or 401 and its challenge) kept 60 s."""
     cache = request.app[PING_CACHE]
     now = request.app[PACER].loop.time()
     kept = cache.get(host)
     if kept is None or now - kept[0] >= PING_TTL:
-        timeout = request.app[CONFIG].registry(host).check.timeout or None
-        upstream = UpstreamRequest(
-            "GET", base.with_path("/v2/"), forwarded_headers(request), timeout
-        )
+        url = URL(settings.upstream_url(host)).with_path("/v2/")
+        timeout = settings.check.timeout or None
+        upstream = UpstreamRequest("GET", url, forwarded_headers(request), timeout)
         async with await request.app[TRANSPORT].send(upstream) as answer:
             headers = tuple(end_to_end(answer.headers).items())
-            body = await answer.read(64 * 1024)
+            body = await answer.read(MAX_PING_BODY)
         kept = (now, Answer(answer.status, headers, body, "GET", now, None))
         if answer.status in (200, 401):
             cache[host] = kept
@@ -104,7 +105,7 @@ async def ping(request: web.Request, host: str, base: URL, ns: str | None) -> we
 
 
 async def not_found(request: web.Request) -> web.StreamResponse:
-    raise NotFound(f"no such route {request.path[:200]!r}")
+    return error_response(NotFound(f"no such route {request.path[:200]!r}"))
 
 
 async def healthz(request: web.Request) -> web.StreamResponse:
@@ -112,16 +113,16 @@ async def healthz(request: web.Request) -> web.StreamResponse:
 
 
 async def status(request: web.Request) -> web.StreamResponse:
+    """``/status`` (SPEC §8), narrowed by ``?resource=`` and ``?registry=``."""
     pacer = request.app[PACER]
     now = pacer.loop.time()
+    clock = status_models.Clock(pacer.wall_offset)
     document = status_models.build_status(
         {host: scheduler.view(now) for host, scheduler in pacer.hosts.items()},
-        status_models.Clock(pacer.wall_offset),
+        clock,
         started=pacer.started,
         config=status_models.ConfigStatus(
-            generation=1,
-            loadedAt=status_models.Clock(pacer.wall_offset).rfc3339(pacer.started),
-            lastError=None,
+            generation=1, loadedAt=clock.rfc3339(pacer.started), lastError=None
         ),
         kept=pacer.kept,
         resource=request.query.get("resource"),
@@ -132,7 +133,7 @@ async def status(request: web.Request) -> web.StreamResponse:
 
 def build_app(config: Config, transport: Transport | None = None) -> web.Application:
     """The whole application; ``transport`` defaults to aiohttp towards real registries."""
-    app = web.Application(middlewares=[error_boundary])
+    app = web.Application()
     app[CONFIG] = config
     app[TRANSPORT] = transport or AiohttpTransport()
     app[PING_CACHE] = {}

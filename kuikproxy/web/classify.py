@@ -52,9 +52,12 @@ def parse_route(raw_path: str) -> Route:
     raise NotFound(f"kuikproxy does not serve {raw_path[:200]!r}")
 
 
-def upstream_host(request: web.Request, config: Config) -> str:
+Query = list[tuple[str, str]]
+
+
+def upstream_host(query: Query, config: Config) -> str:
     """The registry host a request is for: ``?ns=`` (containerd), else ``defaultRegistry``."""
-    ns = request.query.get("ns")
+    ns = next((v for k, v in query if k == "ns"), None)
     if ns is None:
         host = config.default_registry
     else:
@@ -114,7 +117,9 @@ def forwarded_headers(request: web.Request) -> tuple[tuple[str, str], ...]:
     return tuple((k, v) for k, v in headers.items() if k.lower() not in _NOT_FORWARDED)
 
 
-def classify(request: web.Request, route: Route, host: str, config: Config) -> RegistryRequest:
+def classify(
+    request: web.Request, route: Route, host: str, query: Query, config: Config
+) -> RegistryRequest:
     """A manifest or blob read as the runtime paces it (§4.3)."""
     repository = parse_repository(route.repository, host)
     if route.kind == "blobs":
@@ -127,7 +132,6 @@ def classify(request: web.Request, route: Route, host: str, config: Config) -> R
             operation, opens = Operation.CHECK, False
         else:
             operation, opens = Operation.COPY, not image.by_digest
-    query = tuple((k, v) for k, v in request.query.items() if k != "ns")
     return RegistryRequest(
         host=host,
         image=image,
@@ -139,5 +143,5 @@ def classify(request: web.Request, route: Route, host: str, config: Config) -> R
         headers=forwarded_headers(request),
         auth=auth_key(request),
         accept=tuple(request.headers.getall("Accept", ())),
-        query=query,
+        query=tuple((k, v) for k, v in query if k != "ns"),
     )
