@@ -19,9 +19,12 @@ Which images are due depends on the mode (P7):
   ends, and those done for the next lap in ``_ahead`` until the one after. The next due image
   is one successor query: O(log n). If at a wrap only images done for the next lap wait, that
   lap is over as it starts: they become due at once, so no request waits in vain.
-* ``prefetch``: every image not done in this lap. The walk goes through the whole ring's order
-  and skips images done out of turn; each such image is skipped at most once per lap, so a
-  decision is amortised O(log n).
+* ``prefetch``: every image not done in this lap. The walk goes through the ring's order and
+  skips images done out of turn: answered to the resource in this lap, or read for everyone
+  (by another resource's turn) since the walk last went past them — which is this lap's read if
+  it happened ahead of the cursor, and the next lap's if behind it, exactly as answers are
+  counted. Each image is walked past once per lap, so a decision is amortised O(log n), and a
+  read for everyone costs nothing per ring: it is looked up lazily, when the walk gets there.
 
 The first lap starts at the resource's first turn on the host (P6); an answer before it (from
 another resource's window or a kept answer) already counts in that first lap, but does not start
@@ -35,19 +38,23 @@ without a request. ``_entries`` is kept in last-asked order, so expiry pops from
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from kuikproxy.core.sortedset import SortedSet
+
+SharedReads = Callable[[str], float | None]
 
 
 class _Entry:
     """What a ring knows of one image."""
 
-    __slots__ = ("answered", "asked", "lap")
+    __slots__ = ("answered", "asked", "lap", "passed")
 
     def __init__(self, asked: float) -> None:
         self.asked = asked
         self.answered: float | None = None  # last answered to this resource (R1's "previous read")
         self.lap = -1  # the last lap this image was done in (answered, or taken by a turn)
+        self.passed: float | None = None  # prefetch: when the walk last went past it
 
 
 class Ring:
@@ -192,13 +199,6 @@ class Ring:
         entry.answered = now
         self._mark_done(image, entry)
 
-    def credit(self, image: str) -> None:
-        """A window read ``image`` for everyone (prefetch, P7): this resource need not read it
-        again in this lap, though nothing was answered to it."""
-        entry = self._entries.get(image)
-        if entry is not None:
-            self._mark_done(image, entry)
-
     def _mark_done(self, image: str, entry: _Entry) -> None:
         behind = self.cursor is not None and image < self.cursor
         entry.lap = self.lap + 1 if behind else self.lap
@@ -217,32 +217,46 @@ class Ring:
 
     # -- the P5 rule --------------------------------------------------------------------------
 
-    def take(self, now: float, prefetch: bool) -> str | None:
-        """The image this resource's turn takes at ``now`` (P5), or None if nothing is due."""
+    def take(self, now: float, prefetch: bool, shared: SharedReads | None = None) -> str | None:
+        """The image this resource's turn takes at ``now`` (P5), or None if nothing is due.
+
+        ``shared(image)`` is when a window last read ``image`` for everyone within
+        ``cache.maxAge`` (prefetch only): such a read spares this resource its own (R1).
+        """
         if not self.has_due(prefetch):
             return None
         self._start_if_first(now)
-        image = self._next_due(self.cursor, prefetch)
+        image = self._next_due(self.cursor, prefetch, now, shared)
         if image is None:
             self._end_lap(now)
             if not prefetch and not self._due:
                 # the new lap holds only answers given ahead of it (behind the cursor): it is
                 # over as it starts, and the requests waiting on them are due in the next
                 self._next_lap()
-            image = self._next_due(None, prefetch)
+            image = self._next_due(None, prefetch, now, shared)
             if image is None:
                 return None
-        self._entries[image].lap = self.lap
+        entry = self._entries[image]
+        entry.lap = self.lap
+        entry.passed = now
         self.cursor = image
         return image
 
-    def _next_due(self, after: str | None, prefetch: bool) -> str | None:
+    def _next_due(
+        self, after: str | None, prefetch: bool, now: float, shared: SharedReads | None
+    ) -> str | None:
         if not prefetch:
             return self._due.after(after)
-        image = self._order.after(after)
-        while image is not None and self._done(self._entries[image]):
-            image = self._order.after(image)
-        return image
+        entries = self._entries
+        for image in self._order.iter_after(after):
+            entry = entries[image]
+            read = None if shared is None else shared(image)
+            spared = read is not None and (entry.passed is None or read > entry.passed)
+            if entry.lap < self.lap and not spared:
+                return image
+            entry.lap = max(entry.lap, self.lap)
+            entry.passed = now
+        return None
 
     def due_before(self, image: str) -> int:
         """How many due images this resource's turns take before ``image`` (hold mode), for the

@@ -181,6 +181,8 @@ class HostScheduler:
         self._check_in_flight: Read | None = None
         # P10: (resource, image key) → (the Authorization key answered, whether any passes)
         self._follow_ups: TimedMap[tuple[str, str], tuple[str | None, bool]] = TimedMap()
+        # when each image was last read for everyone, within cache.maxAge (R1 for prefetch)
+        self._shared_reads: TimedMap[str, float] = TimedMap()
         self._expiry: list[tuple[float, str]] = []  # (oldest ask, resource), lazily updated
         self._queues: dict[str, CopyQueue] = {}
         self._copy_ready = SortedSet()
@@ -196,6 +198,8 @@ class HostScheduler:
             self.check_series.restart(now, pacing.check_interval)
         if pacing.copy_interval != self.pacing.copy_interval:
             self.copy_series.restart(now, pacing.copy_interval)
+        if pacing.prefetch and not self.pacing.prefetch:  # every ring now has something due
+            self._check_ready.update(r for r, ring in self._rings.items() if len(ring))
         self.pacing = pacing
 
     def block(self, until: float) -> None:
@@ -250,14 +254,19 @@ class HostScheduler:
         at = self.check_series.fire(now)
         self._expire(now)
         self._follow_ups.prune(now)
+        self._shared_reads.prune(now)
         if self._blocked(now):
             return self._outcome(self.check_series, at, Outcome.BLOCKED)
         if self._check_in_flight is not None:
             return self._outcome(self.check_series, at, Outcome.BUSY)
+
+        def shared(key: str) -> float | None:
+            return self._shared_reads.get(key, at)
+
         for resource in _turns(self._check_ready, self._check_turn):
             ring = self._rings.get(resource)
             # laps are measured in window times, the times reads are stamped with
-            key = None if ring is None else ring.take(at, self.pacing.prefetch)
+            key = None if ring is None else ring.take(at, self.pacing.prefetch, shared)
             if key is None:
                 if ring is None or not ring.has_due(self.pacing.prefetch):
                     self._check_ready.discard(resource)
@@ -281,10 +290,9 @@ class HostScheduler:
         """
         if self._check_in_flight is read:
             self._check_in_flight = None
-        if self.pacing.prefetch and kept and (read.leader is None or read.leader.auth is None):
-            # the answer is kept for everyone: no prefetch ring reads it again in this lap
-            for prefetching in self._rings.values():
-                prefetching.credit(read.image.key)
+        if kept and (read.leader is None or read.leader.auth is None):
+            # kept for everyone: prefetch rings that get there find it and skip it (P7, R1)
+            self._shared_reads.put(read.image.key, read.at, read.at + self.pacing.max_age)
         answered: set[str] = set()
         for ticket in served:
             # a ticket cancelled meanwhile (P11) no longer counts among its ring's waiters

@@ -99,6 +99,23 @@ class SortedSet:
         chunk = self._chunks[i]
         return chunk[bisect_right(chunk, key)]
 
+    def iter_after(self, key: str | None) -> Iterator[str]:
+        """The keys greater than ``key`` (all keys when None), in order: one bisect, then a plain
+        walk of the chunks. The set must not change while the iterator is in use."""
+        i, j = 0, 0
+        if key is not None:
+            i = bisect_right(self._maxes, key)
+            if i < len(self._chunks):
+                j = bisect_right(self._chunks[i], key)
+        chunks = self._chunks
+        while i < len(chunks):
+            chunk = chunks[i]
+            while j < len(chunk):
+                yield chunk[j]
+                j += 1
+            i += 1
+            j = 0
+
     def rank(self, key: str) -> int:
         """How many keys are smaller than ``key``; O(number of chunks)."""
         i = bisect_left(self._maxes, key)

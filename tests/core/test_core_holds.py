@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from timeline import Timeline, images
 
 from kuikproxy.core.scheduler import Hold, HostPacing, Reuse, Ticket
@@ -175,3 +177,18 @@ def test_p12_interval_change_restarts_only_that_series_without_moving_cursors() 
     assert t.cursor("A") == "app/a:1"
     t.sched.reconfigure(new, 100.0)  # an unchanged interval keeps its times
     assert t.next_window == 390.0
+
+
+def test_p7_p12_switching_a_host_to_prefetch_prefetches_rings_without_requests() -> None:
+    """A reload that turns a host from hold to prefetch makes every ring due at once: the next
+    window reads the next image of a ring nobody is waiting on."""
+    t = Timeline.start(0.0, check_interval=MIN)
+    t.ask_all("A", ["app/a:1", "app/b:1"], 0.0)
+    t.run(2)
+    assert t.read_keys() == ["app/a:1", "app/b:1"]
+    assert t.window().outcome is Outcome.IDLE  # hold: nothing waits
+    t.sched.reconfigure(dataclasses.replace(t.sched.pacing, prefetch=True), 3 * MIN + 1)
+    result = t.window()
+    assert result.read is not None
+    assert result.read.leader is None
+    assert result.read.image.key == "app/a:1"
