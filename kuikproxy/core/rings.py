@@ -247,14 +247,14 @@ class Ring:
     ) -> str | None:
         if not prefetch:
             return self._due.after(after)
-        entries = self._entries
+        entries, lap = self._entries, self.lap
         for image in self._order.iter_after(after):
             entry = entries[image]
-            read = None if shared is None else shared(image)
-            spared = read is not None and (entry.passed is None or read > entry.passed)
-            if entry.lap < self.lap and not spared:
-                return image
-            entry.lap = max(entry.lap, self.lap)
+            if entry.lap < lap:
+                read = None if shared is None else shared(image)
+                if read is None or (entry.passed is not None and read <= entry.passed):
+                    return image
+                entry.lap = lap  # spared: read for everyone since the walk was last here
             entry.passed = now
         return None
 
