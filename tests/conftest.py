@@ -60,3 +60,10 @@ def proxy(
         return await aiohttp_client(app, server_kwargs={"handler_cancellation": True})
 
     return start
+
+
+def head(client, ref: str, resource: str = "web", **headers: str):  # type: ignore[no-untyped-def]
+    """A check (HEAD) of ``app:<ref>`` on the test registry, as ``resource``."""
+    return client.head(
+        f"/v2/app/manifests/{ref}?ns={HOST}", headers={"Kuik-Resource": resource, **headers}
+    )

@@ -6,16 +6,10 @@ import asyncio
 
 import pytest
 
-from tests.conftest import HOST, ProxyFactory
+from tests.conftest import HOST, ProxyFactory, head
 from tests.upstream_app import MANIFEST_TYPE, Registry, digest_of, manifest_of
 
 pytestmark = pytest.mark.looptime
-
-
-def head(client, ref: str, resource: str = "web", **headers: str):  # type: ignore[no-untyped-def]
-    return client.head(
-        f"/v2/app/manifests/{ref}?ns={HOST}", headers={"Kuik-Resource": resource, **headers}
-    )
 
 
 async def test_p7_request_held_past_max_hold_gets_429_with_retry_after(

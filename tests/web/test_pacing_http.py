@@ -11,18 +11,12 @@ import asyncio
 import pytest
 
 from kuikproxy.web.app import PACER
-from tests.conftest import HOST, ProxyFactory
+from tests.conftest import HOST, ProxyFactory, head
 from tests.upstream_app import Registry
 
 pytestmark = pytest.mark.looptime
 
 INTERVAL = 0.2
-
-
-def head(client, ref: str, resource: str = "web", **headers: str):  # type: ignore[no-untyped-def]
-    return client.head(
-        f"/v2/app/manifests/{ref}?ns={HOST}", headers={"Kuik-Resource": resource, **headers}
-    )
 
 
 async def test_p1_p5_heads_reach_upstream_one_per_window_in_lexicographic_order(
