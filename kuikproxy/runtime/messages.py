@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from yarl import URL
+
 from kuikproxy.core.images import Image
 from kuikproxy.core.scheduler import Operation
 
@@ -33,9 +35,10 @@ class RegistryRequest:
     accept: tuple[str, ...]
     query: tuple[tuple[str, str], ...] = ()  # forwarded as sent, less ``ns``
 
-    @property
-    def path(self) -> str:
-        return f"/v2/{self.image.repository}/{self.kind}/{self.image.reference}"
+    def url(self, base: URL) -> URL:
+        """Where this read goes on a registry served at ``base``."""
+        path = f"/v2/{self.image.repository}/{self.kind}/{self.image.reference}"
+        return base.with_path(path, encoded=False).with_query(self.query)
 
 
 @dataclass(frozen=True, slots=True)

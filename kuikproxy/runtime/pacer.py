@@ -7,8 +7,8 @@ that reads the image upstream once and resolves the future of every ticket the a
 (R2). Nothing here decides *what* to do; it only does what the core decided, when it decided.
 
 Clients that go away cancel their handler (aiohttp's ``handler_cancellation``); the ``finally``
-of :meth:`Pacer.admit` then withdraws the ticket (P11), so a held request costs nothing after
-its client left.
+of the hold then withdraws the ticket (P11), so a held request costs nothing after its client
+left.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from typing import Any
 from yarl import URL
 
 from kuikproxy.config import Config, RegistrySettings
-from kuikproxy.core.images import Image
 from kuikproxy.core.reuse import accept_admits, is_kept_status, method_serves
 from kuikproxy.core.scheduler import (
     Hold,
@@ -38,7 +37,7 @@ from kuikproxy.core.scheduler import (
     Ticket,
     WindowResult,
 )
-from kuikproxy.errors import RegistryError, TooManyRequests, Unavailable, UpstreamError
+from kuikproxy.errors import RegistryError, TooManyRequests, Unavailable
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
 from kuikproxy.upstream.client import Transport, UpstreamRequest, end_to_end
@@ -170,7 +169,7 @@ class _Host:
         """One upstream read, whole (manifests and error bodies are small)."""
         upstream = UpstreamRequest(
             method=request.method,
-            url=self.base.with_path(request.path, encoded=False).with_query(request.query),
+            url=request.url(self.base),
             headers=request.headers,
             timeout=timeout,
         )
@@ -426,6 +425,3 @@ class Pacer:
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-
-
-__all__ = ["Image", "Pacer", "UpstreamError", "pacing_of"]

@@ -80,8 +80,8 @@ def _upstream(
     read: RegistryRequest, settings: RegistrySettings, timeout: float | None
 ) -> UpstreamRequest:
     """The registry request for a read, built once it may go (not while it waits)."""
-    url = URL(settings.upstream_url(read.host)).with_path(read.path, encoded=False)
-    return UpstreamRequest(read.method, url.with_query(read.query), read.headers, timeout)
+    url = read.url(URL(settings.upstream_url(read.host)))
+    return UpstreamRequest(read.method, url, read.headers, timeout)
 
 
 async def ping(
