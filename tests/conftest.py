@@ -42,17 +42,18 @@ def proxy(
     registry: tuple[Registry, TestServer],
     aiohttp_client: Callable[..., Awaitable[TestClient[object, object]]],
 ) -> ProxyFactory:
-    """Start kuikproxy before the recording registry, as ``registry.test``; ``extra`` is YAML
-    merged into that host's block (e.g. ``check: {interval: 200ms}``)."""
+    """Start kuikproxy before the recording registry, as ``host`` (``registry.test``);
+    ``host_block`` is YAML for that host's block (e.g. ``check: {interval: 200ms}``), ``top`` for
+    the top level."""
     _, server = registry
 
     async def start(
-        host_block: str = "check: {interval: 200ms}", top: str = ""
+        host_block: str = "check: {interval: 200ms}", top: str = "", host: str = HOST
     ) -> TestClient[object, object]:
         text = (
             f"{top}\n"
             "registries:\n"
-            f"  {HOST}:\n"
+            f"  {host}:\n"
             f"    upstream: http://127.0.0.1:{server.port}\n"
             + "".join(f"    {line}\n" for line in host_block.splitlines())
         )

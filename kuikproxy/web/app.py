@@ -21,7 +21,7 @@ from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
 from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.upstream.client import AiohttpTransport, Transport, UpstreamRequest, end_to_end
 from kuikproxy.web import status as status_models
-from kuikproxy.web.classify import classify, forwarded_headers, parse_route, upstream_host
+from kuikproxy.web.classify import classify, forwarded_headers, locate, parse_route
 from kuikproxy.web.oci import error_response
 from kuikproxy.web.relay import answer_response, stream
 
@@ -41,11 +41,11 @@ async def registry(request: web.Request) -> web.StreamResponse:
     pays for every coroutine frame it sits in, and this one is there anyway."""
     try:
         config = request.app[CONFIG]
-        route = parse_route(request.rel_url.raw_path)
         # parsed here and let go: aiohttp's request.query would stay cached on a held request
         query = parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True)
-        host = upstream_host(query, config)
-        ns = host if any(k == "ns" for k, _ in query) else None  # answered with OCI-Namespace
+        target = locate(parse_route(request.rel_url.raw_path), query, request.host, config)
+        host, route = target.host, target.route
+        ns = host if target.by_ns else None  # answered with OCI-Namespace (§3)
         if request.method not in READ_METHODS:
             raise Unsupported(f"{request.method} is not supported: kuikproxy only reads registries")
         settings = config.registry(host)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import re
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -54,17 +55,63 @@ def parse_route(raw_path: str) -> Route:
 
 Query = list[tuple[str, str]]
 
+# kuik v1 spells a registry's port with a dash in path prefixes: ``reg.local-5000``.
+_DASH_PORT = re.compile(r"(?P<host>.+)-(?P<port>[0-9]{1,5})")
 
-def upstream_host(query: Query, config: Config) -> str:
-    """The registry host a request is for: ``?ns=`` (containerd), else ``defaultRegistry``."""
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a request goes: the host, the route with the host's prefix taken off the name,
+    and whether the host came from ``?ns=`` (the answer then says ``OCI-Namespace``)."""
+
+    host: str
+    route: Route
+    by_ns: bool
+
+
+def locate(route: Route, query: Query, host_header: str, config: Config) -> Target:
+    """The registry host a request is for (SPEC §3), in order: ``?ns=`` (containerd), a path
+    prefix (``/v2/<host>/<repository>/...``), the ``Host`` header through ``hostAliases``, and
+    ``defaultRegistry``. A host that is not allowed (§3.1) is refused before anything else."""
     ns = next((v for k, v in query if k == "ns"), None)
-    if ns is None:
-        host = config.default_registry
-    else:
+    if ns is not None:
         try:
             host = validate_host(ns)
         except ValueError as e:
             raise Denied(f"invalid ns {ns[:200]!r}", detail={"ns": ns[:200]}) from e
+        return Target(_allowed(host, config), route, by_ns=True)
+    first, slash, rest = route.repository.partition("/")
+    if slash and _names_a_host(first):
+        host = _prefix_host(first, config)
+        return Target(host, Route(route.kind, rest, route.reference), by_ns=False)
+    alias = config.host_aliases.get(host_header.lower())
+    if alias is None:
+        alias = config.host_aliases.get(host_header.lower().rpartition(":")[0])
+    return Target(_allowed(alias or config.default_registry, config), route, by_ns=False)
+
+
+def _names_a_host(segment: str) -> bool:
+    """Docker's reference grammar: a first component with a ``.`` or ``:``, or ``localhost``,
+    is a registry host, never part of a repository name."""
+    return "." in segment or ":" in segment or segment == "localhost"
+
+
+def _prefix_host(segment: str, config: Config) -> str:
+    """The host a path prefix names; ``reg.local-5000`` may mean ``reg.local:5000`` (kuik v1).
+    A prefix that cannot be a host (``..``) makes the whole name malformed."""
+    try:
+        host = validate_host(segment)
+    except ValueError as e:
+        raise NameInvalid(f"invalid registry host {segment[:200]!r} in the path") from e
+    dashed = _DASH_PORT.fullmatch(segment) if ":" not in segment else None
+    if dashed is not None and int(dashed["port"]) <= 65535:
+        with_port = validate_host(f"{dashed['host']}:{dashed['port']}")
+        if config.is_allowed(with_port) or not config.is_allowed(host):
+            return _allowed(with_port, config)
+    return _allowed(host, config)
+
+
+def _allowed(host: str, config: Config) -> str:
     if not config.is_allowed(host):
         raise Denied(f"host {host} is not allowed", detail={"host": host})
     return host
