@@ -22,8 +22,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
-from yarl import URL
-
 from kuikproxy.config import Config, RegistrySettings
 from kuikproxy.core.reuse import accept_admits, is_kept_status, method_serves
 from kuikproxy.core.scheduler import (
@@ -40,7 +38,8 @@ from kuikproxy.core.scheduler import (
 from kuikproxy.errors import RegistryError, TooManyRequests, Unavailable
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
-from kuikproxy.upstream.client import Transport, UpstreamRequest, end_to_end
+from kuikproxy.upstream.client import UpstreamRequest, end_to_end
+from kuikproxy.upstream.registries import Registries
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +85,6 @@ class _Host:
         self.pacer = pacer
         self.name = host
         self.settings = pacer.config.registry(host)
-        self.base = URL(self.settings.upstream_url(host))
         self.scheduler = HostScheduler(
             host, pacing_of(self.settings, pacer.config), now, origin=origin
         )
@@ -169,11 +167,11 @@ class _Host:
         """One upstream read, whole (manifests and error bodies are small)."""
         upstream = UpstreamRequest(
             method=request.method,
-            url=request.url(self.base),
+            url=request.url(self.pacer.registries.base(self.name)),
             headers=request.headers,
             timeout=timeout,
         )
-        async with await self.pacer.transport.send(upstream) as response:
+        async with await self.pacer.registries.send(self.name, upstream) as response:
             limit = MAX_MANIFEST if response.status == 200 else MAX_ERROR_BODY
             body = b"" if request.method == "HEAD" else await response.read(limit)
             headers = tuple(end_to_end(response.headers).items())
@@ -361,11 +359,11 @@ class Pacer:
     def __init__(
         self,
         config: Config,
-        transport: Transport,
+        registries: Registries,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.config = config
-        self.transport = transport
+        self.registries = registries
         self.loop = loop or asyncio.get_running_loop()
         self.started = self.loop.time()
         self.wall_offset = time.time() - self.started  # for /status: loop time → wall time

@@ -8,7 +8,8 @@ Every failure of the network or of the registry's connection becomes an
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import ssl
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
@@ -17,7 +18,8 @@ import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from kuikproxy.errors import UpstreamTimeout, UpstreamUnreachable
+from kuikproxy.errors import Denied, UpstreamTimeout, UpstreamUnreachable
+from kuikproxy.upstream.guard import AddressGuard, AddressRefused, GuardedResolver
 
 CHUNK = 64 * 1024
 
@@ -43,6 +45,8 @@ class UpstreamRequest:
     url: URL
     headers: tuple[tuple[str, str], ...]  # repeated names kept, in order (Accept!)
     timeout: float | None  # seconds for the whole exchange, None for no limit
+    ssl: ssl.SSLContext | bool = True  # True: the system's verification; False: none
+    body: AsyncIterable[bytes] | None = None  # a write's body, streamed (paced: false hosts)
 
 
 class UpstreamResponse(Protocol):
@@ -52,6 +56,10 @@ class UpstreamResponse(Protocol):
     def chunks(self) -> AsyncIterator[bytes]: ...
 
     async def read(self, limit: int) -> bytes: ...
+
+    def release(self) -> None:
+        """Done with this answer (its connection goes back to the pool or is closed)."""
+        ...
 
     async def __aenter__(self) -> UpstreamResponse: ...
 
@@ -112,25 +120,34 @@ class _AiohttpResponse:
     async def __aenter__(self) -> _AiohttpResponse:
         return self
 
+    def release(self) -> None:
+        self._response.release()
+
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._response.release()
+        self.release()
 
 
 class AiohttpTransport:
     """Registries over aiohttp: one pooled session, bodies left encoded as the registry sent
-    them (digests are of the bytes on the wire), redirects followed (blob storage)."""
+    them (digests are of the bytes on the wire), redirects not followed (the registry client
+    follows them itself, to decide what crosses to another host), and forbidden addresses
+    refused when a guard is given."""
 
-    def __init__(self, *, connect_timeout: float = 30.0, limit: int = 256) -> None:
+    def __init__(
+        self, *, guard: AddressGuard | None = None, connect_timeout: float = 30.0, limit: int = 256
+    ) -> None:
+        self._guard = guard
         self._connect_timeout = connect_timeout
         self._limit = limit
         self._session: aiohttp.ClientSession | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
+            resolver = GuardedResolver(self._guard) if self._guard is not None else None
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._limit),
+                connector=aiohttp.TCPConnector(limit=self._limit, resolver=resolver),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
                 trust_env=False,
@@ -141,13 +158,23 @@ class AiohttpTransport:
         what = f"{request.method} {request.url.host}{request.url.path}"
         timeout = aiohttp.ClientTimeout(total=request.timeout, connect=self._connect_timeout)
         try:
+            if self._guard is not None and request.url.host is not None:
+                self._guard.check_literal(request.url.host)
             response = await self._get_session().request(
                 request.method,
                 request.url,
                 headers=CIMultiDict(request.headers),
+                data=request.body,
                 timeout=timeout,
-                allow_redirects=True,
+                allow_redirects=False,
+                ssl=request.ssl,
             )
+        except AddressRefused as e:
+            raise Denied(str(e)) from e
+        except aiohttp.ClientConnectorError as e:
+            if isinstance(e.os_error, AddressRefused):
+                raise Denied(str(e.os_error)) from e
+            raise UpstreamUnreachable(f"{what}: {_reason(e)}") from e
         except TimeoutError as e:
             raise UpstreamTimeout(f"{what}: no answer within {request.timeout}s") from e
         except (aiohttp.ClientError, OSError) as e:

@@ -8,11 +8,11 @@ process down.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from urllib.parse import parse_qsl
 
 from aiohttp import web
-from yarl import URL
 
 from kuikproxy.config import Config, RegistrySettings
 from kuikproxy.core.scheduler import Operation
@@ -20,6 +20,8 @@ from kuikproxy.errors import NotFound, RegistryError, Unsupported
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
 from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.upstream.client import AiohttpTransport, Transport, UpstreamRequest, end_to_end
+from kuikproxy.upstream.guard import AddressGuard
+from kuikproxy.upstream.registries import Registries
 from kuikproxy.web import status as status_models
 from kuikproxy.web.classify import classify, forwarded_headers, locate, parse_route
 from kuikproxy.web.oci import error_response
@@ -29,7 +31,7 @@ log = logging.getLogger(__name__)
 
 PACER = web.AppKey("pacer", Pacer)
 CONFIG = web.AppKey("config", Config)
-TRANSPORT = web.AppKey("transport", Transport)
+REGISTRIES = web.AppKey("registries", Registries)
 PING_TTL = 60.0  # §4.1: a host's /v2/ answer is kept this long
 PING_CACHE = web.AppKey("ping_cache", dict[str, tuple[float, Answer]])
 READ_METHODS = frozenset({"GET", "HEAD"})
@@ -52,9 +54,9 @@ async def registry(request: web.Request) -> web.StreamResponse:
         if route.kind == "ping":
             return await ping(request, host, settings, ns)
         read = classify(request, route, host, query, config)
-        transport = request.app[TRANSPORT]
+        registries = request.app[REGISTRIES]
         if not settings.paced:  # a destination kuik owns (§4.3): straight through
-            return await stream(request, transport, _upstream(read, settings, None), ns)
+            return await stream(request, registries, host, _upstream(read, registries, None), ns)
         outcome = request.app[PACER].admit(read)
         if not isinstance(outcome, Answer | Go):
             outcome = await outcome
@@ -62,7 +64,8 @@ async def registry(request: web.Request) -> web.StreamResponse:
             return answer_response(request, outcome, ns)
         try:
             timeout = settings.check.timeout if read.operation is Operation.CHECK else 0
-            return await stream(request, transport, _upstream(read, settings, timeout or None), ns)
+            upstream = _upstream(read, registries, timeout or None)
+            return await stream(request, registries, host, upstream, ns)
         finally:
             outcome.done()
     except RegistryError as error:
@@ -77,11 +80,10 @@ async def registry(request: web.Request) -> web.StreamResponse:
 
 
 def _upstream(
-    read: RegistryRequest, settings: RegistrySettings, timeout: float | None
+    read: RegistryRequest, registries: Registries, timeout: float | None
 ) -> UpstreamRequest:
     """The registry request for a read, built once it may go (not while it waits)."""
-    url = read.url(URL(settings.upstream_url(read.host)))
-    return UpstreamRequest(read.method, url, read.headers, timeout)
+    return UpstreamRequest(read.method, read.url(registries.base(read.host)), read.headers, timeout)
 
 
 async def ping(
@@ -92,10 +94,14 @@ async def ping(
     now = request.app[PACER].loop.time()
     kept = cache.get(host)
     if kept is None or now - kept[0] >= PING_TTL:
-        url = URL(settings.upstream_url(host)).with_path("/v2/")
+        registries = request.app[REGISTRIES]
+        url = registries.base(host).with_path("/v2/")
         timeout = settings.check.timeout or None
         upstream = UpstreamRequest("GET", url, forwarded_headers(request), timeout)
-        async with await request.app[TRANSPORT].send(upstream) as answer:
+        # kuikproxy signs in for clients only where it holds credentials; elsewhere clients
+        # must see the registry's challenge to sign in themselves (docs/decisions.md)
+        signed = registries.has_credentials(host)
+        async with await registries.send(host, upstream, authenticate=signed) as answer:
             headers = tuple(end_to_end(answer.headers).items())
             body = await answer.read(MAX_PING_BODY)
         kept = (now, Answer(answer.status, headers, body, "GET", now, None))
@@ -135,11 +141,14 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
     """The whole application; ``transport`` defaults to aiohttp towards real registries."""
     app = web.Application()
     app[CONFIG] = config
-    app[TRANSPORT] = transport or AiohttpTransport()
     app[PING_CACHE] = {}
+    guard = AddressGuard() if transport is None else None
+    upstream = transport or AiohttpTransport(guard=guard)
 
     async def start(app: web.Application) -> None:
-        app[PACER] = Pacer(config, app[TRANSPORT])
+        loop = asyncio.get_running_loop()
+        app[REGISTRIES] = Registries(config, upstream, loop.time, guard)
+        app[PACER] = Pacer(config, app[REGISTRIES])
 
     async def stop(app: web.Application) -> None:
         # on shutdown, before aiohttp waits for handlers: held requests are answered 503 now
@@ -147,7 +156,7 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
         await app[PACER].close()
 
     async def cleanup(app: web.Application) -> None:
-        await app[TRANSPORT].close()
+        await upstream.close()
 
     app.on_startup.append(start)
     app.on_shutdown.append(stop)

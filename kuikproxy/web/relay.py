@@ -11,7 +11,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from kuikproxy.runtime.messages import Answer
-from kuikproxy.upstream.client import Transport, UpstreamRequest, end_to_end
+from kuikproxy.upstream.client import UpstreamRequest, end_to_end
+from kuikproxy.upstream.registries import Registries
 
 
 def _client_headers(headers: CIMultiDict[str], ns: str | None) -> CIMultiDict[str]:
@@ -29,10 +30,14 @@ def answer_response(request: web.Request, answer: Answer, ns: str | None) -> web
 
 
 async def stream(
-    request: web.Request, transport: Transport, upstream: UpstreamRequest, ns: str | None
+    request: web.Request,
+    registries: Registries,
+    host: str,
+    upstream: UpstreamRequest,
+    ns: str | None,
 ) -> web.StreamResponse:
-    """Send ``upstream`` and relay its answer to the client as it arrives."""
-    async with await transport.send(upstream) as answer:
+    """Send ``upstream`` to ``host`` and relay its answer to the client as it arrives."""
+    async with await registries.send(host, upstream) as answer:
         out = _client_headers(end_to_end(answer.headers), ns)
         response = web.StreamResponse(status=answer.status, headers=out)
         length = out.get("Content-Length")

@@ -1,0 +1,820 @@
+"""Real peers on loopback for the end-to-end tests and the bench.
+
+* :class:`DistributionRegistry` — the CNCF distribution registry (Debian ``docker-registry``),
+  anonymous or behind token auth, with its request log readable as :class:`LoggedRequest` rows.
+* :class:`TokenServer` — a docker token server (RS256 JWTs with ``x5c``) the registry trusts,
+  users from a dict, grants from a small ACL.
+* :func:`build_image` / :func:`push_image` — a small multi-arch OCI image, pushed with the plain
+  registry HTTP API; :class:`SeededImage` holds every digest for comparisons.
+* :class:`Kuikproxy` — ``python -m kuikproxy serve --config FILE`` as a subprocess.
+
+Everything listens on 127.0.0.1 on a port the kernel picked, writes under a directory the caller
+owns, and is stopped by ``stop()`` (each class is also a context manager).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime as dt
+import fnmatch
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+import jwt
+import yaml
+from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+
+LOOPBACK = "127.0.0.1"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
+MANIFEST_TYPES = (
+    OCI_INDEX,
+    OCI_MANIFEST,
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released)."""
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment for a peer or client: no proxy variables, so nothing leaves loopback."""
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env.update(extra)
+    return env
+
+
+def wait_until_http(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 20) -> None:
+    """Poll ``url`` until it answers anything over HTTP; fail with ``log`` if the process dies."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            http(url, timeout=1)
+            return
+        except OSError:
+            pass
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args} exited {process.returncode}:\n{tail(log)}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not answer in {timeout}s:\n{tail(log)}")
+        time.sleep(0.05)
+
+
+def tail(path: Path, lines: int = 60) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def stop_process(process: subprocess.Popen[bytes] | None, timeout: float = 10) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``; always reaps the process."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+# --- plain HTTP, never through a proxy -----------------------------------------------------
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER_NO_REDIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+
+
+def http(
+    url: str,
+    method: str = "GET",
+    body: bytes | None = None,
+    headers: Mapping[str, str] | Sequence[tuple[str, str]] = (),
+    timeout: float = 30,
+) -> tuple[int, Any, bytes]:
+    """One request: ``(status, headers, body)`` whatever the status (redirects not followed)."""
+    request = urllib.request.Request(url, data=body, method=method)
+    for name, value in headers.items() if isinstance(headers, Mapping) else headers:
+        request.add_header(name, value)
+    try:
+        with _OPENER_NO_REDIRECT.open(request, timeout=timeout) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.headers, error.read()
+
+
+def basic(username: str, password: str) -> str:
+    """The value of an ``Authorization: Basic`` header."""
+    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+
+
+def parse_challenge(value: str) -> tuple[str, dict[str, str]]:
+    """``Bearer realm="...",service="..."`` → ``("bearer", {"realm": ..., ...})``."""
+    scheme, _, rest = value.partition(" ")
+    params = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+    return scheme.lower(), params
+
+
+class RegistryClient:
+    """A minimal OCI distribution client with the docker token dance, for seeding and probing.
+
+    ``base`` is the registry (or kuikproxy) URL; ``credentials`` a ``(user, password)`` sent
+    to the token realm (or as Basic when the registry asks for Basic)."""
+
+    def __init__(self, base: str, credentials: tuple[str, str] | None = None) -> None:
+        self.base = base.rstrip("/")
+        self.credentials = credentials
+        self._tokens: dict[str, str] = {}
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[int, Any, bytes]:
+        url = path if "://" in path else self.base + path
+        sent = dict(headers or {})
+        status, answer_headers, data = http(url, method, body, sent)
+        if status != 401:
+            return status, answer_headers, data
+        scheme, params = parse_challenge(answer_headers.get("WWW-Authenticate", ""))
+        if scheme == "basic" and self.credentials:
+            sent["Authorization"] = basic(*self.credentials)
+        elif scheme == "bearer":
+            sent["Authorization"] = "Bearer " + self.token(params)
+        else:
+            return status, answer_headers, data
+        return http(url, method, body, sent)
+
+    def token(self, challenge: Mapping[str, str]) -> str:
+        """A token from the challenge's realm for its service and scope (cached by scope)."""
+        key = challenge.get("scope", "")
+        if key not in self._tokens:
+            query = {"service": challenge.get("service", "")}
+            if "scope" in challenge:
+                query["scope"] = challenge["scope"]
+            url = challenge["realm"] + "?" + urllib.parse.urlencode(query)
+            auth = {"Authorization": basic(*self.credentials)} if self.credentials else {}
+            status, _, data = http(url, headers=auth)
+            if status != 200:
+                raise RuntimeError(f"token {url}: {status} {data[:200]!r}")
+            self._tokens[key] = json.loads(data)["token"]
+        return self._tokens[key]
+
+    def push_blob(self, repository: str, blob: Blob) -> None:
+        status, headers, data = self.request("POST", f"/v2/{repository}/blobs/uploads/")
+        if status != 202:
+            raise RuntimeError(f"upload {repository}: {status} {data[:300]!r}")
+        location = urllib.parse.urljoin(self.base + "/", headers["Location"])
+        separator = "&" if "?" in location else "?"
+        status, _, data = self.request(
+            "PUT",
+            f"{location}{separator}digest={blob.digest}",
+            blob.data,
+            {"Content-Type": "application/octet-stream"},
+        )
+        if status != 201:
+            raise RuntimeError(f"blob {blob.digest}: {status} {data[:300]!r}")
+
+    def push_manifest(self, repository: str, reference: str, manifest: Blob) -> None:
+        status, _, data = self.request(
+            "PUT",
+            f"/v2/{repository}/manifests/{reference}",
+            manifest.data,
+            {"Content-Type": manifest.media_type},
+        )
+        if status != 201:
+            raise RuntimeError(f"manifest {repository}:{reference}: {status} {data[:300]!r}")
+
+
+# --- images ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Blob:
+    """Content and its descriptor fields."""
+
+    media_type: str
+    data: bytes
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + hashlib.sha256(self.data).hexdigest()
+
+    def descriptor(self, **extra: Any) -> dict[str, Any]:
+        return {"mediaType": self.media_type, "digest": self.digest, "size": len(self.data)} | extra
+
+
+@dataclass(frozen=True)
+class PlatformImage:
+    platform: str  # "linux/amd64"
+    manifest: Blob
+    config: Blob
+    layer: Blob
+
+
+@dataclass(frozen=True)
+class SeededImage:
+    """An OCI index and its platform images, as pushed to ``repository:tag``."""
+
+    repository: str
+    tag: str
+    index: Blob
+    platforms: tuple[PlatformImage, ...]
+
+    def platform(self, name: str) -> PlatformImage:
+        return next(p for p in self.platforms if p.platform == name)
+
+    @property
+    def blob_digests(self) -> set[str]:
+        return {b.digest for p in self.platforms for b in (p.config, p.layer)}
+
+    @property
+    def manifest_digests(self) -> set[str]:
+        return {self.index.digest} | {p.manifest.digest for p in self.platforms}
+
+    @property
+    def digests(self) -> set[str]:
+        return self.manifest_digests | self.blob_digests
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _layer(text: str) -> tuple[bytes, bytes]:
+    """A gzip'd tar holding ``/hello.txt``; returns ``(gzipped, uncompressed tar)``, both
+    byte-for-byte reproducible."""
+    payload = text.encode()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        info = tarfile.TarInfo("hello.txt")
+        info.size, info.mode, info.mtime = len(payload), 0o644, 0
+        tar.addfile(info, io.BytesIO(payload))
+    raw = buffer.getvalue()
+    return gzip.compress(raw, mtime=0), raw
+
+
+def build_image(
+    repository: str, tag: str, platforms: Iterable[str] = ("linux/amd64", "linux/arm64")
+) -> SeededImage:
+    """A multi-arch image whose content names the repository, tag and platform, so that two
+    images never share a digest."""
+    built = []
+    for platform in platforms:
+        os_name, arch = platform.split("/")
+        gzipped, raw = _layer(f"{repository}:{tag} on {platform}\n")
+        layer = Blob(OCI_LAYER, gzipped)
+        config = Blob(
+            OCI_CONFIG,
+            _json(
+                {
+                    "architecture": arch,
+                    "os": os_name,
+                    "config": {"Cmd": ["/bin/true"]},
+                    "rootfs": {
+                        "type": "layers",
+                        "diff_ids": ["sha256:" + hashlib.sha256(raw).hexdigest()],
+                    },
+                }
+            ),
+        )
+        manifest = Blob(
+            OCI_MANIFEST,
+            _json(
+                {
+                    "schemaVersion": 2,
+                    "mediaType": OCI_MANIFEST,
+                    "config": config.descriptor(),
+                    "layers": [layer.descriptor()],
+                }
+            ),
+        )
+        built.append(PlatformImage(platform, manifest, config, layer))
+    index = Blob(
+        OCI_INDEX,
+        _json(
+            {
+                "schemaVersion": 2,
+                "mediaType": OCI_INDEX,
+                "manifests": [
+                    p.manifest.descriptor(
+                        platform={"os": p.platform.split("/")[0], "architecture": p.platform.split("/")[1]}
+                    )
+                    for p in built
+                ],
+            }
+        ),
+    )
+    return SeededImage(repository, tag, index, tuple(built))
+
+
+def push_image(client: RegistryClient, image: SeededImage) -> SeededImage:
+    """Push blobs, platform manifests (by digest) and the index (by tag)."""
+    for p in image.platforms:
+        client.push_blob(image.repository, p.config)
+        client.push_blob(image.repository, p.layer)
+        client.push_manifest(image.repository, p.manifest.digest, p.manifest)
+    client.push_manifest(image.repository, image.tag, image.index)
+    return image
+
+
+def seed(client: RegistryClient, repository: str, tag: str = "v1") -> SeededImage:
+    """Build and push ``repository:tag``."""
+    return push_image(client, build_image(repository, tag))
+
+
+# --- the token server -----------------------------------------------------------------------
+
+ANYONE = "*"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """``users`` (or ``ANYONE``, anonymous included) may do ``actions`` on repositories
+    matching the glob ``repositories``."""
+
+    repositories: str
+    users: frozenset[str] | str
+    actions: tuple[str, ...]
+
+
+DEFAULT_USERS = {"alice": "s3cret", "writer": "wr1ter"}
+DEFAULT_ACL = (
+    Grant("public/*", ANYONE, ("pull",)),
+    Grant("private/*", frozenset({"alice"}), ("pull",)),
+    Grant("*", frozenset({"writer"}), ("pull", "push")),
+)
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    user: str | None
+    scopes: tuple[str, ...]
+    access: tuple[tuple[str, tuple[str, ...]], ...]
+
+
+class TokenServer:
+    """A docker token server: ``GET /token?service=&scope=`` (Basic or anonymous) and the OAuth2
+    ``POST /token`` password grant. Tokens are RS256 JWTs carrying the signing certificate in
+    ``x5c``; the registry trusts ``cert_file`` as its ``rootcertbundle``."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        users: Mapping[str, str] = DEFAULT_USERS,
+        acl: Sequence[Grant] = DEFAULT_ACL,
+        service: str = "kuik-e2e-registry",
+        issuer: str = "kuik-e2e-token-server",
+    ) -> None:
+        self.users, self.acl, self.service, self.issuer = dict(users), tuple(acl), service, issuer
+        self.issued: list[IssuedToken] = []
+        self._key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)])
+        now = dt.datetime.now(dt.UTC)
+        self._cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(self._key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=1))
+            .not_valid_after(now + dt.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(self._key, hashes.SHA256())
+        )
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.cert_file = workdir / "token-ca.pem"
+        self.cert_file.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
+        self._x5c = base64.b64encode(self._cert.public_bytes(serialization.Encoding.DER)).decode()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def realm(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}/token"
+
+    def allowed(self, user: str | None, repository: str, wanted: Iterable[str]) -> tuple[str, ...]:
+        granted: set[str] = set()
+        for grant in self.acl:
+            who_ok = grant.users == ANYONE or (user is not None and user in grant.users)
+            if who_ok and fnmatch.fnmatchcase(repository, grant.repositories):
+                granted.update(grant.actions)
+        return tuple(a for a in wanted if a in granted)
+
+    def sign(self, user: str | None, scopes: Sequence[str]) -> str:
+        access = []
+        for scope in scopes:
+            kind, _, rest = scope.partition(":")
+            name, _, actions = rest.rpartition(":")
+            if kind == "repository" and name:
+                access.append((name, self.allowed(user, name, actions.split(","))))
+        self.issued.append(IssuedToken(user, tuple(scopes), tuple(access)))
+        now = int(time.time())
+        claims = {
+            "iss": self.issuer,
+            "sub": user or "",
+            "aud": self.service,
+            "exp": now + 300,
+            "nbf": now - 30,
+            "iat": now,
+            "jti": secrets.token_hex(12),
+            "access": [
+                {"type": "repository", "name": name, "actions": list(actions)}
+                for name, actions in access
+            ],
+        }
+        return jwt.encode(claims, self._key, algorithm="RS256", headers={"x5c": [self._x5c]})
+
+    def _user(self, username: str | None, password: str | None) -> str | None:
+        if username is None:
+            return None
+        if self.users.get(username) != password:
+            raise web.HTTPUnauthorized(text='{"details":"invalid credentials"}')
+        return username
+
+    async def _token(self, request: web.Request) -> web.Response:
+        if request.method == "POST":
+            form = await request.post()
+            username = form.get("username")
+            password = form.get("password")
+            user = self._user(
+                str(username) if username is not None else None,
+                str(password) if password is not None else None,
+            )
+            scopes = [s for value in form.getall("scope", []) for s in str(value).split(" ")]
+        else:
+            header = request.headers.get("Authorization", "")
+            user = None
+            if header.lower().startswith("basic "):
+                decoded = base64.b64decode(header[6:].strip()).decode()
+                name, _, password = decoded.partition(":")
+                user = self._user(name, password)
+            scopes = [s for value in request.query.getall("scope", []) for s in value.split(" ")]
+        if request.query.get("service", self.service) != self.service and request.method == "GET":
+            raise web.HTTPBadRequest(text="unknown service")
+        token = self.sign(user, scopes)
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {"token": token, "access_token": token, "expires_in": 300, "issued_at": now}
+        return web.json_response(body)
+
+    def start(self) -> Self:
+        app = web.Application()
+        app.router.add_route("GET", "/token", self._token)
+        app.router.add_route("POST", "/token", self._token)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+        async def up() -> int:
+            self._runner = web.AppRunner(app, access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, LOOPBACK, 0)
+            await site.start()
+            return int(self._runner.addresses[0][1])
+
+        self.port = asyncio.run_coroutine_threadsafe(up(), self._loop).result(10)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is None or self._thread is None:
+            return
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+        self._loop = self._thread = self._runner = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --- the registry ---------------------------------------------------------------------------
+
+_LOGFMT = re.compile(r'([\w.]+)=("(?:[^"\\]|\\.)*"|\S+)')
+_DURATION = re.compile(r"([\d.]+)(ns|µs|us|ms|s|m|h)")
+_UNITS = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _rfc3339(text: str) -> float:
+    """POSIX seconds of ``2026-11-29T19:27:01.538843595Z`` (Go's RFC3339Nano, UTC)."""
+    whole, _, fraction = text.rstrip("Z").partition(".")
+    seconds = dt.datetime.fromisoformat(whole + "+00:00").timestamp()
+    return seconds + (float("0." + fraction) if fraction else 0.0)
+
+
+def _go_duration(text: str) -> float:
+    return sum(float(n) * _UNITS[u] for n, u in _DURATION.findall(text))
+
+
+@dataclass(frozen=True)
+class LoggedRequest:
+    """One request as the registry logged it. ``started`` and ``finished`` are POSIX seconds
+    from the registry's own clock (nanosecond resolution)."""
+
+    method: str
+    uri: str
+    status: int
+    started: float
+    finished: float
+    user_agent: str = ""
+
+    @property
+    def path(self) -> str:
+        return self.uri.partition("?")[0]
+
+    @property
+    def kind(self) -> str:
+        """``manifests``, ``blobs``, ``uploads``, ``ping`` or ``other``."""
+        if self.path in ("/v2/", "/v2"):
+            return "ping"
+        for kind in ("uploads", "manifests", "blobs"):
+            if f"/{kind}/" in self.path:
+                return kind
+        return "other"
+
+    @property
+    def repository(self) -> str:
+        return self.path.removeprefix("/v2/").rpartition(f"/{self.kind}/")[0]
+
+    @property
+    def reference(self) -> str:
+        return self.path.rpartition("/")[2]
+
+
+def parse_registry_log(text: str) -> list[LoggedRequest]:
+    """One row per request from distribution's log: its ``response completed`` lines (every
+    answer but auth refusals) and its ``error authorizing context`` lines (a 401 with a
+    challenge, logged when refused: ``started == finished``)."""
+    rows = []
+    for line in text.splitlines():
+        refused = 'msg="error authorizing context' in line
+        if not refused and 'msg="response completed' not in line:
+            continue
+        fields = {k: v.strip('"') for k, v in _LOGFMT.findall(line)}
+        end = _rfc3339(fields["time"])
+        rows.append(
+            LoggedRequest(
+                method=fields["http.request.method"],
+                uri=fields["http.request.uri"],
+                status=401 if refused else int(fields["http.response.status"]),
+                started=end - _go_duration(fields.get("http.response.duration", "0s")),
+                finished=end,
+                user_agent=fields.get("http.request.useragent", ""),
+            )
+        )
+    return rows
+
+
+class DistributionRegistry:
+    """``docker-registry serve CONFIG`` on 127.0.0.1, storage under ``workdir``.
+
+    ``token`` makes it trust a :class:`TokenServer`; ``htpasswd`` a file of bcrypt users
+    (``htpasswd -Bbn``). ``requests()`` reads its request log."""
+
+    binary = "docker-registry"
+
+    def __init__(
+        self,
+        workdir: Path,
+        token: TokenServer | None = None,
+        htpasswd: Path | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.token, self.htpasswd = token, htpasswd
+        self.port = 0
+        self.log_file = workdir / "registry.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def host_port(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host_port}"
+
+    def config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "version": 0.1,
+            "log": {"level": "info", "accesslog": {"disabled": False}},
+            "storage": {
+                "filesystem": {"rootdirectory": str(self.workdir / "storage")},
+                "delete": {"enabled": True},
+            },
+            "http": {"addr": self.host_port, "secret": secrets.token_hex(16)},
+        }
+        if self.token is not None:
+            config["auth"] = {
+                "token": {
+                    "realm": self.token.realm,
+                    "service": self.token.service,
+                    "issuer": self.token.issuer,
+                    "rootcertbundle": str(self.token.cert_file),
+                }
+            }
+        elif self.htpasswd is not None:
+            config["auth"] = {"htpasswd": {"realm": "kuik-e2e", "path": str(self.htpasswd)}}
+        return config
+
+    def start(self) -> Self:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        config_file = self.workdir / "registry.yml"
+        config_file.write_text(yaml.safe_dump(self.config()))
+        with self.log_file.open("wb") as log:
+            self._process = subprocess.Popen(
+                [self.binary, "serve", str(config_file)],
+                stdout=subprocess.DEVNULL,  # the combined access log; stderr has it all
+                stderr=log,
+                env=clean_env(),
+                start_new_session=True,
+            )
+        wait_until_http(self.url + "/v2/", self._process, self.log_file)
+        return self
+
+    def stop(self) -> None:
+        stop_process(self._process)
+        self._process = None
+
+    def requests(self, since: float = 0.0) -> list[LoggedRequest]:
+        """Requests the registry answered that started at or after ``since`` (POSIX time)."""
+        rows = parse_registry_log(self.log_file.read_text(errors="replace"))
+        return [r for r in rows if r.started >= since]
+
+    def wait_for_requests(self, count: int, since: float = 0.0, timeout: float = 5) -> list[LoggedRequest]:
+        """Requests since ``since`` once at least ``count`` are logged (the log trails the answer)."""
+        deadline = time.monotonic() + timeout
+        while len(rows := self.requests(since)) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return rows
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --- kuikproxy ------------------------------------------------------------------------------
+
+FAST = {
+    "check": {"interval": "200ms", "timeout": "10s"},
+    "copy": {"interval": "200ms", "idle": "200ms"},
+}
+"""Short windows for tests: a check and a copy every 200 ms, copies close 200 ms after use."""
+
+
+def registry_block(upstream: str, **settings: Any) -> dict[str, Any]:
+    """One ``registries.<host>`` block: ``upstream`` plus FAST windows, overridden by ``settings``."""
+    block: dict[str, Any] = {"upstream": upstream, **json.loads(json.dumps(FAST))}
+    for key, value in settings.items():
+        if isinstance(value, dict) and isinstance(block.get(key), dict):
+            block[key] = {**block[key], **value}
+        else:
+            block[key] = value
+    return block
+
+
+class Kuikproxy:
+    """``python -m kuikproxy serve --config FILE`` on a free loopback port.
+
+    ``config`` is the YAML document as a dict, without ``listen`` (added here)."""
+
+    def __init__(self, workdir: Path, config: Mapping[str, Any]) -> None:
+        self.workdir = workdir
+        self.settings = dict(config)
+        self.port = 0
+        self.log_file = workdir / "kuikproxy.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def host_port(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host_port}"
+
+    def start(self) -> Self:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        config_file = self.workdir / "kuikproxy.yaml"
+        config_file.write_text(yaml.safe_dump({"listen": self.host_port, **self.settings}))
+        with self.log_file.open("wb") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "kuikproxy", "serve", "--config", str(config_file)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=clean_env(PYTHONUNBUFFERED="1"),
+                start_new_session=True,
+            )
+        wait_until_http(self.url + "/healthz", self._process, self.log_file)
+        return self
+
+    def stop(self) -> None:
+        stop_process(self._process)
+        self._process = None
+
+    def log(self) -> str:
+        return tail(self.log_file, 200)
+
+    def status(self) -> dict[str, Any]:
+        code, _, body = http(self.url + "/status")
+        assert code == 200, body
+        result: dict[str, Any] = json.loads(body)
+        return result
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def running(*peers: Any) -> Iterator[None]:
+    """Start ``peers`` in order and stop them in reverse, whatever happens."""
+    with contextlib.ExitStack() as stack:
+        for peer in peers:
+            stack.enter_context(peer)
+        yield
+
+
+@dataclass
+class Run:
+    """A finished client command, for assertion messages."""
+
+    args: list[str]
+    returncode: int
+    output: str
+    seconds: float = field(default=0.0)
+
+    def __str__(self) -> str:
+        return f"$ {' '.join(self.args)}\n(exit {self.returncode}, {self.seconds:.2f}s)\n{self.output}"
+
+
+def run(args: Sequence[str], timeout: float = 60, env: Mapping[str, str] | None = None) -> Run:
+    """Run a client to completion (killed at ``timeout``), output captured."""
+    started = time.monotonic()
+    completed = subprocess.run(
+        list(args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(env) if env is not None else clean_env(),
+        timeout=timeout,
+        check=False,
+    )
+    return Run(
+        list(args),
+        completed.returncode,
+        completed.stdout.decode(errors="replace"),
+        time.monotonic() - started,
+    )
