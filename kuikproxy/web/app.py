@@ -19,13 +19,27 @@ from kuikproxy.core.scheduler import Operation
 from kuikproxy.errors import NotFound, RegistryError, Unsupported
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
 from kuikproxy.runtime.pacer import Pacer
-from kuikproxy.upstream.client import AiohttpTransport, Transport, UpstreamRequest, end_to_end
+from kuikproxy.upstream.client import (
+    CHUNK,
+    AiohttpTransport,
+    Transport,
+    UpstreamRequest,
+    end_to_end,
+)
 from kuikproxy.upstream.guard import AddressGuard
 from kuikproxy.upstream.registries import Registries
 from kuikproxy.web import status as status_models
-from kuikproxy.web.classify import classify, forwarded_headers, locate, parse_route
+from kuikproxy.web.classify import (
+    Query,
+    Target,
+    classify,
+    forwarded_headers,
+    locate,
+    parse_raw_route,
+    parse_route,
+)
 from kuikproxy.web.oci import error_response
-from kuikproxy.web.relay import answer_response, stream
+from kuikproxy.web.relay import answer_response, relocate, stream
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +57,20 @@ async def registry(request: web.Request) -> web.StreamResponse:
     pays for every coroutine frame it sits in, and this one is there anyway."""
     try:
         config = request.app[CONFIG]
+        refuse_proxying(request)
         # parsed here and let go: aiohttp's request.query would stay cached on a held request
         query = parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True)
-        target = locate(parse_route(request.rel_url.raw_path), query, request.host, config)
+        raw_path = request.rel_url.raw_path
+        write = request.method not in READ_METHODS
+        route = parse_raw_route(raw_path) if write else parse_route(raw_path)
+        target = locate(route, query, request.host, config)
         host, route = target.host, target.route
         ns = host if target.by_ns else None  # answered with OCI-Namespace (§3)
-        if request.method not in READ_METHODS:
-            raise Unsupported(f"{request.method} is not supported: kuikproxy only reads registries")
         settings = config.registry(host)
+        if write:
+            if settings.paced:
+                raise Unsupported(f"{request.method}: kuikproxy only reads {host} (it is paced)")
+            return await write_through(request, target, query)
         if route.kind == "ping":
             return await ping(request, host, settings, ns)
         read = classify(request, route, host, query, config)
@@ -77,6 +97,32 @@ async def registry(request: web.Request) -> web.StreamResponse:
             {"errors": [{"code": "UNKNOWN", "message": "internal error in kuikproxy"}]},
             status=500,
         )
+
+
+def refuse_proxying(request: web.Request) -> None:
+    """``CONNECT`` and absolute-URI requests ask for a forward proxy, which is not enabled
+    (SPEC §13): 405, whatever host they name."""
+    if request.method == "CONNECT" or not request.raw_path.startswith("/"):
+        raise Unsupported(f"{request.method} to another host: kuikproxy is not a forward proxy")
+
+
+async def write_through(request: web.Request, target: Target, query: Query) -> web.StreamResponse:
+    """A write to a host kuik owns (``paced: false``): passed through with its body streamed;
+    upload locations pointed back through kuikproxy the way the client addressed it."""
+    registries = request.app[REGISTRIES]
+    base = registries.base(target.host)
+    url = base.with_path(f"/v2/{target.route.repository}", encoded=True).with_query(
+        [(k, v) for k, v in query if k != "ns"]
+    )
+    headers = forwarded_headers(request)
+    if request.headers.get("Content-Length"):
+        headers = (*headers, ("Content-Length", request.headers["Content-Length"]))
+    body = request.content.iter_chunked(CHUNK) if request.body_exists else None
+    upstream = UpstreamRequest(request.method, url, headers, None, body=body)
+    ns = target.host if target.by_ns else None
+    return await stream(
+        request, registries, target.host, upstream, ns, relocated=relocate(target, base)
+    )
 
 
 def _upstream(
@@ -111,6 +157,10 @@ async def ping(
 
 
 async def not_found(request: web.Request) -> web.StreamResponse:
+    try:
+        refuse_proxying(request)
+    except RegistryError as error:
+        return error_response(error)
     return error_response(NotFound(f"no such route {request.path[:200]!r}"))
 
 

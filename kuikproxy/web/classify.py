@@ -29,7 +29,8 @@ _MAX_RESOURCE = 253
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """A parsed ``/v2/`` path: ``kind`` is ``ping``, ``manifests`` or ``blobs``."""
+    """A parsed ``/v2/`` path: ``kind`` is ``ping``, ``manifests``, ``blobs``, or ``raw`` (a
+    write's path, passed through as it is: ``repository`` holds all of it after ``/v2/``)."""
 
     kind: str
     repository: str = ""
@@ -53,6 +54,16 @@ def parse_route(raw_path: str) -> Route:
     raise NotFound(f"kuikproxy does not serve {raw_path[:200]!r}")
 
 
+def parse_raw_route(raw_path: str) -> Route:
+    """A write's path (uploads, manifest PUTs, deletes): checked for traversal, not parsed."""
+    if not raw_path.startswith("/v2/"):
+        raise NotFound(f"no such route {raw_path[:200]!r}")
+    rest = raw_path[len("/v2/") :]
+    if any(segment in ("", ".", "..") for segment in rest.rstrip("/").split("/")):
+        raise NameInvalid(f"invalid path {raw_path[:200]!r}")
+    return Route("raw", rest)
+
+
 Query = list[tuple[str, str]]
 
 # kuik v1 spells a registry's port with a dash in path prefixes: ``reg.local-5000``.
@@ -67,6 +78,7 @@ class Target:
     host: str
     route: Route
     by_ns: bool
+    prefix: str | None = None  # the path segment that named the host, as the client wrote it
 
 
 def locate(route: Route, query: Query, host_header: str, config: Config) -> Target:
@@ -83,7 +95,7 @@ def locate(route: Route, query: Query, host_header: str, config: Config) -> Targ
     first, slash, rest = route.repository.partition("/")
     if slash and _names_a_host(first):
         host = _prefix_host(first, config)
-        return Target(host, Route(route.kind, rest, route.reference), by_ns=False)
+        return Target(host, Route(route.kind, rest, route.reference), by_ns=False, prefix=first)
     alias = config.host_aliases.get(host_header.lower())
     if alias is None:
         alias = config.host_aliases.get(host_header.lower().rpartition(":")[0])

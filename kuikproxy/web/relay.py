@@ -7,18 +7,40 @@ by them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aiohttp import web
 from multidict import CIMultiDict
+from yarl import URL
 
 from kuikproxy.runtime.messages import Answer
 from kuikproxy.upstream.client import UpstreamRequest, end_to_end
 from kuikproxy.upstream.registries import Registries
+from kuikproxy.web.classify import Target
 
 
 def _client_headers(headers: CIMultiDict[str], ns: str | None) -> CIMultiDict[str]:
     if ns is not None:
         headers["OCI-Namespace"] = ns
     return headers
+
+
+def relocate(target: Target, base: URL) -> Callable[[str], str]:
+    """How a registry's ``Location`` (an upload's next URL) reads for a client of kuikproxy: on
+    kuikproxy, with the host named again the way the client named it (prefix or ``ns``)."""
+
+    def rewrite(location: str) -> str:
+        url = base.join(URL(location))
+        if (url.scheme, url.host, url.port) != (base.scheme, base.host, base.port):
+            return location  # elsewhere (storage): the client goes there itself
+        path, query = url.raw_path, list(url.query.items())
+        if target.prefix is not None and path.startswith("/v2/"):
+            path = f"/v2/{target.prefix}/{path[len('/v2/') :]}"
+        if target.by_ns:
+            query.append(("ns", target.host))
+        return str(URL(path, encoded=True).with_query(query))
+
+    return rewrite
 
 
 def answer_response(request: web.Request, answer: Answer, ns: str | None) -> web.StreamResponse:
@@ -35,10 +57,15 @@ async def stream(
     host: str,
     upstream: UpstreamRequest,
     ns: str | None,
+    *,
+    relocated: Callable[[str], str] | None = None,
 ) -> web.StreamResponse:
-    """Send ``upstream`` to ``host`` and relay its answer to the client as it arrives."""
+    """Send ``upstream`` to ``host`` and relay its answer to the client as it arrives;
+    ``relocated`` rewrites a ``Location`` the client must come back to kuikproxy with."""
     async with await registries.send(host, upstream) as answer:
         out = _client_headers(end_to_end(answer.headers), ns)
+        if relocated is not None and "Location" in out:
+            out["Location"] = relocated(out["Location"])
         response = web.StreamResponse(status=answer.status, headers=out)
         length = out.get("Content-Length")
         if length is not None and length.isdigit():

@@ -1,0 +1,184 @@
+"""kuikproxy signs in to registries for clients, and keeps clients' credentials apart (R4, R5).
+
+The registry here wants tokens from its realm; ``public/*`` opens to an anonymous token,
+``private/*`` only to alice's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from kuikproxy.config import parse_config
+from kuikproxy.web.app import build_app
+from tests.web.token_registry import TokenRegistry, storage_app
+
+pytestmark = pytest.mark.looptime
+
+HOST = "registry.test"
+ALICE = "Basic " + base64.b64encode(b"alice:s3cret").decode()
+
+Start = Callable[..., Awaitable[tuple[TestClient[Any, Any], TokenRegistry]]]
+
+
+@pytest.fixture
+def start(
+    aiohttp_server: Callable[..., Awaitable[TestServer]],
+    aiohttp_client: Callable[..., Awaitable[TestClient[Any, Any]]],
+    tmp_path: Path,
+) -> Start:
+    """A token registry (and blob storage on another origin) with kuikproxy before it;
+    ``credentials`` is kuikproxy's own: ``"file"`` (user + password file), ``"docker"`` (a
+    Docker config.json) or None."""
+
+    async def run(
+        credentials: str | None = None, scheme: str = "bearer"
+    ) -> tuple[TestClient[Any, Any], TokenRegistry]:
+        fake = TokenRegistry(scheme=scheme)
+        storage_seen: list[tuple[str, str, str | None]] = []
+        storage = await aiohttp_server(storage_app(storage_seen))
+        fake.storage_port = storage.port
+        fake.storage_seen = storage_seen  # type: ignore[attr-defined]
+        server = await aiohttp_server(fake.app())
+        fake.port = server.port
+        block = f"upstream: http://127.0.0.1:{server.port}\n    check: {{interval: 10ms}}\n"
+        block += "    copy: {interval: 10ms, idle: 0s}\n"
+        if credentials == "file":
+            (tmp_path / "password").write_text("s3cret\n")
+            block += f"    credentials: {{username: alice, passwordFile: {tmp_path}/password}}\n"
+        elif credentials == "docker":
+            auth = base64.b64encode(b"alice:s3cret").decode()
+            config = {"auths": {HOST: {"auth": auth}}}
+            (tmp_path / "config.json").write_text(json.dumps(config))
+            block += f"    credentials: {{dockerConfigFile: {tmp_path}/config.json}}\n"
+        app = build_app(parse_config(f"registries:\n  {HOST}:\n    {block}"))
+        client = await aiohttp_client(app, server_kwargs={"handler_cancellation": True})
+        return client, fake
+
+    return run
+
+
+def manifest(client: TestClient[Any, Any], repo: str, ref: str = "v1", **headers: str) -> Any:
+    return client.head(f"/v2/{repo}/manifests/{ref}?ns={HOST}", headers=headers)
+
+
+@pytest.mark.parametrize("credentials", ["file", "docker"])
+async def test_own_credentials_let_clients_without_credentials_read_private_images(
+    start: Start, credentials: str
+) -> None:
+    """With its own credentials for the host (a password file or a Docker config.json),
+    kuikproxy answers the registry's challenge with a token for alice, and a client that brings
+    no credentials reads a private image."""
+    client, fake = await start(credentials)
+    response = await manifest(client, "private/app", **{"Kuik-Resource": "a"})
+    assert response.status == 200
+    assert fake.token_requests == [("repository:private/app:pull", "alice")]
+
+
+async def test_tokens_are_kept_per_scope_so_the_registry_sees_no_second_challenge(
+    start: Start,
+) -> None:
+    """Once a scope's token is known, later reads carry it from the start: one 401 per scope,
+    not one per read (a 401 counts against a registry's rate limit too)."""
+    client, fake = await start("file")
+    for ref in ("v1", "v2", "v3"):
+        assert (await manifest(client, "private/app", ref)).status == 200
+    unsigned = [s for s in fake.seen if s[2] is None]
+    assert len(unsigned) == 1
+    assert len(fake.token_requests) == 1
+
+
+async def test_without_credentials_kuikproxy_signs_in_anonymously_for_public_images(
+    start: Start,
+) -> None:
+    """Without credentials of its own, kuikproxy fetches an anonymous token: public images are
+    read once for every client (the answer is shared, R5)."""
+    client, fake = await start()
+    first = await manifest(client, "public/app", **{"Kuik-Resource": "a"})
+    second = await manifest(client, "public/app", **{"Kuik-Resource": "b"})
+    assert first.status == second.status == 200
+    assert fake.token_requests == [("repository:public/app:pull", None)]
+    assert len([s for s in fake.seen if "/manifests/" in s[1]]) == 2  # the 401, then the read
+
+
+async def test_r4_a_kept_challenge_answers_the_next_anonymous_client_without_a_window(
+    start: Start,
+) -> None:
+    """A private image read anonymously is a 401 with its challenge — an answer (R4): a second
+    anonymous client gets the kept challenge at once, and the registry is not asked again."""
+    client, fake = await start()
+    first = await manifest(client, "private/app", **{"Kuik-Resource": "a"})
+    assert first.status == 401
+    assert "realm=" in first.headers["WWW-Authenticate"]
+    asked = len(fake.seen)
+    loop = asyncio.get_running_loop()
+    before = loop.time()
+    second = await manifest(client, "private/app", **{"Kuik-Resource": "b"})
+    assert second.status == 401
+    assert second.headers["WWW-Authenticate"] == first.headers["WWW-Authenticate"]
+    assert loop.time() - before < 0.005
+    assert len(fake.seen) == asked
+
+
+async def test_r5_a_clients_own_authorization_passes_through_and_is_never_shared(
+    start: Start,
+) -> None:
+    """A client's own Authorization goes to the registry untouched; the answer it obtained is
+    reused for the identical Authorization only — a client without it, or with another, is
+    not given it."""
+    client, fake = await start(scheme="basic")
+    mine = await manifest(client, "private/app", **{"Authorization": ALICE, "Kuik-Resource": "a"})
+    assert mine.status == 200
+    assert fake.seen[-1][2] == ALICE
+    again = await manifest(client, "private/app", **{"Authorization": ALICE, "Kuik-Resource": "b"})
+    assert again.status == 200
+    assert len(fake.seen) == 1  # served from the kept answer, same Authorization
+    anonymous = await manifest(client, "private/app", **{"Kuik-Resource": "c"})
+    assert anonymous.status == 401
+    other = "Basic " + base64.b64encode(b"mallory:guess").decode()
+    stranger = await manifest(client, "private/app", **{"Authorization": other})
+    assert stranger.status == 401
+
+
+async def test_basic_challenge_answered_with_own_credentials(start: Start) -> None:
+    """A registry that challenges with Basic gets kuikproxy's credentials, and from then on
+    every read carries them."""
+    client, fake = await start("file", scheme="basic")
+    assert (await manifest(client, "private/app", "v1")).status == 200
+    assert (await manifest(client, "private/app", "v2")).status == 200
+    assert [s[2] is None for s in fake.seen] == [True, False, False]
+
+
+async def test_ping_answers_for_kuikproxy_where_it_holds_credentials(start: Start) -> None:
+    """``/v2/`` relays the registry's challenge where kuikproxy has no credentials (clients must
+    sign in themselves), and answers 200 where it signs in for them."""
+    client, _ = await start()
+    response = await client.get(f"/v2/?ns={HOST}")
+    assert response.status == 401
+    assert "realm=" in response.headers["WWW-Authenticate"]
+    client, _ = await start("file")
+    assert (await client.get(f"/v2/?ns={HOST}")).status == 200
+
+
+async def test_blob_redirect_is_followed_without_authorization_to_another_origin(
+    start: Start,
+) -> None:
+    """A registry that redirects a blob to storage on another origin: kuikproxy follows the
+    redirect itself and never sends the registry's Authorization there."""
+    client, fake = await start("file")
+    digest = "sha256:" + "a" * 64
+    response = await client.get(f"/v2/private/app/blobs/{digest}?ns={HOST}")
+    assert response.status == 200
+    assert await response.read() == b"layer-bytes"
+    storage_seen = fake.storage_seen  # type: ignore[attr-defined]
+    assert [(path, auth) for _, path, auth in storage_seen] == [
+        (f"/storage/v2/private/app/blobs/{digest}", None)
+    ]
+    assert any(auth is not None for _, path, auth in fake.seen if "/blobs/" in path)
