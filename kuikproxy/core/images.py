@@ -65,24 +65,54 @@ def check_reference(reference: str) -> str:
     return reference
 
 
+# Routes under /v2/<repository>/ that read what a ring holds: manifests (images proper), and the
+# tag list and referrers of a repository, which are paced on the check series too (§4.1).
+MANIFESTS, BLOBS, TAGS, REFERRERS = "manifests", "blobs", "tags", "referrers"
+
+
 @dataclass(frozen=True, slots=True)
 class Image:
-    """One image on one host: a repository and a tag or digest."""
+    """One thing a ring holds on one host: a manifest by tag or digest (an image), a blob, a
+    repository's tag list (``reference`` "list") or the referrers of a digest. ``query`` is
+    a tag list's or referrers' query (pagination, filters), part of what is read."""
 
     host: str
     repository: str
     reference: str
-    # the ring key, ``repo:tag`` or ``repo@digest``, ordered byte-wise; made once, since the
-    # scheduler asks for it at every step and each copy would be held by a waiting request
+    route: str = MANIFESTS
+    query: str = ""
+    # the ring key, ordered byte-wise: ``repo:tag``, ``repo@digest``, ``repo#tags/list?n=10``,
+    # ``repo#referrers/sha256:...``; "#" is in no repository name or tag, so keys never
+    # collide. Made once: the scheduler asks for it at every step.
     key: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        separator = "@" if self.by_digest else ":"
-        object.__setattr__(self, "key", f"{self.repository}{separator}{self.reference}")
+        if self.route in (MANIFESTS, BLOBS):
+            separator = "@" if self.by_digest else ":"
+            key = f"{self.repository}{separator}{self.reference}"
+        else:
+            key = f"{self.repository}#{self.route}/{self.reference}"
+            if self.query:
+                key += f"?{self.query}"
+        object.__setattr__(self, "key", key)
+
+    @classmethod
+    def from_key(cls, host: str, key: str) -> Image:
+        """The image a ring key names (the inverse of :attr:`key`, for manifests and lists)."""
+        repository, hash_, rest = key.partition("#")
+        if hash_:
+            route, _, reference = rest.partition("/")
+            reference, _, query = reference.partition("?")
+            return cls(host, repository, reference, route, query)
+        at = key.find("@")
+        if at >= 0:
+            return cls(host, key[:at], key[at + 1 :])
+        repository, _, tag = key.rpartition(":")
+        return cls(host, repository, tag)
 
     @property
     def by_digest(self) -> bool:
         return is_digest(self.reference)
 
     def with_reference(self, reference: str) -> Image:
-        return Image(self.host, self.repository, reference)
+        return Image(self.host, self.repository, reference, self.route)

@@ -274,7 +274,7 @@ class HostScheduler:
             self._check_turn = resource
             waiting = tuple(self._check_tickets.get(key, ()))
             leader = next((t for t in waiting if t.resource == resource), None)
-            image = leader.image if leader is not None else _image_of(self.host, key)
+            image = leader.image if leader is not None else Image.from_key(self.host, key)
             read = Read(Operation.CHECK, image, leader, waiting, at)
             self._check_in_flight = read
             return self._outcome(self.check_series, at, Outcome.USED, read)
@@ -501,12 +501,3 @@ def _turns(ready: SortedSet, last: str | None) -> Iterator[str]:
             return
         yield resource
         resource = ready.after(resource)
-
-
-def _image_of(host: str, key: str) -> Image:
-    """The image a ring key names (a prefetch read has no request to take it from)."""
-    at = key.find("@")
-    if at >= 0:
-        return Image(host, key[:at], key[at + 1 :])
-    repository, _, tag = key.rpartition(":")
-    return Image(host, repository, tag)

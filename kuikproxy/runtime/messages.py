@@ -28,7 +28,6 @@ class RegistryRequest:
     resource: str
     operation: Operation
     method: str  # GET or HEAD
-    kind: str  # "manifests" or "blobs": the route under /v2/<repository>/
     opens: bool  # a manifest GET by tag: always a copy of its own (§4.3)
     headers: tuple[tuple[str, str], ...]  # what goes upstream, repeated names kept
     auth: str | None  # key of the client's own Authorization (R5), None without one
@@ -37,7 +36,7 @@ class RegistryRequest:
 
     def url(self, base: URL) -> URL:
         """Where this read goes on a registry served at ``base``."""
-        path = f"/v2/{self.image.repository}/{self.kind}/{self.image.reference}"
+        path = f"/v2/{self.image.repository}/{self.image.route}/{self.image.reference}"
         return base.with_path(path, encoded=False).with_query(self.query)
 
 

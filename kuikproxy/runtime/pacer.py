@@ -21,8 +21,10 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import parse_qsl
 
 from kuikproxy.config import Config, RegistrySettings
+from kuikproxy.core.images import BLOBS, MANIFESTS
 from kuikproxy.core.reuse import accept_admits, is_kept_status, method_serves
 from kuikproxy.core.scheduler import (
     Hold,
@@ -144,18 +146,20 @@ class _Host:
         read (P7); None when everyone it was for has left (P11: not read)."""
         if read.leader is not None and not group:
             return None
-        if read.leader is None:  # a prefetch read: kuikproxy's own HEAD, shared by everyone
+        if read.leader is None:  # a prefetch read: kuikproxy's own, shared by everyone
+            manifest = read.image.route == MANIFESTS
+            accept = PREFETCH_ACCEPT if manifest else ()
             return RegistryRequest(
                 host=self.name,
                 image=read.image,
                 resource="",
                 operation=Operation.CHECK,
-                method="HEAD",
-                kind="manifests",
+                method="HEAD" if manifest else "GET",
                 opens=False,
-                headers=tuple(("Accept", a) for a in PREFETCH_ACCEPT),
+                headers=tuple(("Accept", a) for a in accept),
                 auth=None,
-                accept=PREFETCH_ACCEPT,
+                accept=accept,
+                query=tuple(parse_qsl(read.image.query)),
             )
         first = read.leader if read.leader in group else group[0]
         leader = self.waiters[first].request
@@ -211,7 +215,7 @@ class _Host:
         themselves."""
         done = self.copy_done
         leader = self.waiters.get(read.tickets[0])
-        if leader is None or leader.request.kind == "blobs":
+        if leader is None or leader.request.image.route == BLOBS:
             self.resolve(list(read.tickets), Go(done))
             return
         group = self.group(read)

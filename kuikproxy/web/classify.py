@@ -9,12 +9,22 @@ import binascii
 import hashlib
 import re
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
 from aiohttp import web
 from multidict import CIMultiDict
 
 from kuikproxy.config import Config, validate_host
-from kuikproxy.core.images import Image, check_digest, check_reference, parse_repository
+from kuikproxy.core.images import (
+    BLOBS,
+    MANIFESTS,
+    REFERRERS,
+    TAGS,
+    Image,
+    check_digest,
+    check_reference,
+    parse_repository,
+)
 from kuikproxy.core.scheduler import Operation
 from kuikproxy.errors import Denied, NameInvalid, NotFound
 from kuikproxy.runtime.messages import RegistryRequest
@@ -45,7 +55,10 @@ def parse_route(raw_path: str) -> Route:
     if not raw_path.startswith("/v2/"):
         raise NotFound(f"no such route {raw_path[:200]!r}")
     rest = raw_path[len("/v2/") :]
-    for kind in ("manifests", "blobs"):
+    name, marker, _ = rest.rpartition("/tags/list")
+    if marker and rest.endswith(marker) and name:
+        return Route(TAGS, name, "list")
+    for kind in (MANIFESTS, BLOBS, REFERRERS):
         name, marker, reference = rest.rpartition(f"/{kind}/")
         if marker:
             if not name or not reference or "/" in reference:
@@ -179,11 +192,16 @@ def forwarded_headers(request: web.Request) -> tuple[tuple[str, str], ...]:
 def classify(
     request: web.Request, route: Route, host: str, query: Query, config: Config
 ) -> RegistryRequest:
-    """A manifest or blob read as the runtime paces it (§4.3)."""
+    """A manifest, blob, tag list or referrers read as the runtime paces it (§4.1, §4.3)."""
     repository = parse_repository(route.repository, host)
-    if route.kind == "blobs":
-        image = Image(host, repository, check_digest(route.reference))
+    forwarded = tuple((k, v) for k, v in query if k != "ns")
+    if route.kind == BLOBS:
+        image = Image(host, repository, check_digest(route.reference), BLOBS)
         operation, opens = Operation.COPY, False
+    elif route.kind in (TAGS, REFERRERS):  # paced on the check series (§4.1)
+        reference = route.reference if route.kind == TAGS else check_digest(route.reference)
+        image = Image(host, repository, reference, route.kind, urlencode(sorted(forwarded)))
+        operation, opens = Operation.CHECK, False
     else:
         image = Image(host, repository, check_reference(route.reference))
         as_check = request.headers.get(KUIK_OPERATION, "").lower() == "check"
@@ -197,10 +215,9 @@ def classify(
         resource=resource_of(request, config),
         operation=operation,
         method=request.method,
-        kind=route.kind,
         opens=opens,
         headers=forwarded_headers(request),
         auth=auth_key(request),
         accept=tuple(request.headers.getall("Accept", ())),
-        query=tuple((k, v) for k, v in query if k != "ns"),
+        query=forwarded,
     )

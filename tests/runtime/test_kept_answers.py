@@ -32,7 +32,6 @@ def request(
         resource="r",
         operation=Operation.CHECK,
         method=method,
-        kind="manifests",
         opens=False,
         headers=(),
         auth=auth,
