@@ -16,7 +16,7 @@ from aiohttp import web
 
 from kuikproxy.config import Config, RegistrySettings
 from kuikproxy.core.scheduler import Operation
-from kuikproxy.errors import NotFound, RegistryError, Unsupported
+from kuikproxy.errors import NotFound, RegistryError, Unsupported, UpstreamUnreachable
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
 from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.upstream.client import (
@@ -38,7 +38,7 @@ from kuikproxy.web.classify import (
     parse_raw_route,
     parse_route,
 )
-from kuikproxy.web.oci import error_response
+from kuikproxy.web.oci import API_VERSION, error_response
 from kuikproxy.web.relay import answer_response, relocate, stream
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,15 @@ async def registry(request: web.Request) -> web.StreamResponse:
                 raise Unsupported(f"{request.method}: kuikproxy only reads {host} (it is paced)")
             return await write_through(request, target, query)
         if route.kind == "ping":
-            return await ping(request, host, settings, ns)
+            try:
+                return await ping(request, host, settings, ns)
+            except RegistryError:
+                if not target.by_default:
+                    raise
+                # a bare /v2/ names no registry: path-prefix mirrors (podman, skopeo) ask it
+                # before every pull, and skip the mirror unless it answers 200 or 401 — so one
+                # unreachable defaultRegistry must not make every other registry unusable
+                return web.json_response({}, headers=dict([API_VERSION]))
         read = classify(request, route, host, query, config)
         registries = request.app[REGISTRIES]
         if not settings.paced:  # a destination kuik owns (§4.3): straight through
@@ -150,6 +158,8 @@ async def ping(
         async with await registries.send(host, upstream, authenticate=signed) as answer:
             headers = tuple(end_to_end(answer.headers).items())
             body = await answer.read(MAX_PING_BODY)
+        if answer.status >= 500:
+            raise UpstreamUnreachable(f"{host} answered /v2/ with {answer.status}")
         kept = (now, Answer(answer.status, headers, body, "GET", now, None))
         if answer.status in (200, 401):
             cache[host] = kept

@@ -92,6 +92,7 @@ class Target:
     route: Route
     by_ns: bool
     prefix: str | None = None  # the path segment that named the host, as the client wrote it
+    by_default: bool = False  # nothing named the host: it is defaultRegistry
 
 
 def locate(route: Route, query: Query, host_header: str, config: Config) -> Target:
@@ -112,7 +113,8 @@ def locate(route: Route, query: Query, host_header: str, config: Config) -> Targ
     alias = config.host_aliases.get(host_header.lower())
     if alias is None:
         alias = config.host_aliases.get(host_header.lower().rpartition(":")[0])
-    return Target(_allowed(alias or config.default_registry, config), route, by_ns=False)
+    host = _allowed(alias or config.default_registry, config)
+    return Target(host, route, by_ns=False, by_default=alias is None)
 
 
 def _names_a_host(segment: str) -> bool:

@@ -22,10 +22,12 @@ import fnmatch
 import gzip
 import hashlib
 import io
+import itertools
 import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -76,7 +78,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def wait_until_http(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 20) -> None:
+def wait_until_http(
+    url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 20
+) -> None:
     """Poll ``url`` until it answers anything over HTTP; fail with ``log`` if the process dies."""
     deadline = time.monotonic() + timeout
     while True:
@@ -97,6 +101,26 @@ def tail(path: Path, lines: int = 60) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return "(no log)"
+
+
+_SETPRIV = shutil.which("setpriv")
+
+
+def spawn(
+    args: Sequence[str], log: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a peer with stdout and stderr to ``log``, in its own session. Where util-linux's
+    ``setpriv`` exists the peer is SIGKILLed if the test process dies without tearing it down
+    (``PR_SET_PDEATHSIG``)."""
+    prefix = [_SETPRIV, "--pdeathsig", "KILL", "--"] if _SETPRIV else []
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [*prefix, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else clean_env(),
+            start_new_session=True,
+        )
 
 
 def stop_process(process: subprocess.Popen[bytes] | None, timeout: float = 10) -> None:
@@ -340,7 +364,10 @@ def build_image(
                 "mediaType": OCI_INDEX,
                 "manifests": [
                     p.manifest.descriptor(
-                        platform={"os": p.platform.split("/")[0], "architecture": p.platform.split("/")[1]}
+                        platform={
+                            "os": p.platform.split("/")[0],
+                            "architecture": p.platform.split("/")[1],
+                        }
                     )
                     for p in built
                 ],
@@ -669,14 +696,8 @@ class DistributionRegistry:
         self.port = free_port()
         config_file = self.workdir / "registry.yml"
         config_file.write_text(yaml.safe_dump(self.config()))
-        with self.log_file.open("wb") as log:
-            self._process = subprocess.Popen(
-                [self.binary, "serve", str(config_file)],
-                stdout=subprocess.DEVNULL,  # the combined access log; stderr has it all
-                stderr=log,
-                env=clean_env(),
-                start_new_session=True,
-            )
+        # stdout gets the combined access log, stderr the structured one parsed by requests().
+        self._process = spawn([self.binary, "serve", str(config_file)], self.log_file)
         wait_until_http(self.url + "/v2/", self._process, self.log_file)
         return self
 
@@ -689,8 +710,10 @@ class DistributionRegistry:
         rows = parse_registry_log(self.log_file.read_text(errors="replace"))
         return [r for r in rows if r.started >= since]
 
-    def wait_for_requests(self, count: int, since: float = 0.0, timeout: float = 5) -> list[LoggedRequest]:
-        """Requests since ``since`` once at least ``count`` are logged (the log trails the answer)."""
+    def wait_for_requests(
+        self, count: int, since: float = 0.0, timeout: float = 5
+    ) -> list[LoggedRequest]:
+        """Requests since ``since``, once at least ``count`` are logged (the log trails)."""
         deadline = time.monotonic() + timeout
         while len(rows := self.requests(since)) < count and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -713,7 +736,7 @@ FAST = {
 
 
 def registry_block(upstream: str, **settings: Any) -> dict[str, Any]:
-    """One ``registries.<host>`` block: ``upstream`` plus FAST windows, overridden by ``settings``."""
+    """A ``registries.<host>`` block: ``upstream``, FAST windows, then ``settings`` merged in."""
     block: dict[str, Any] = {"upstream": upstream, **json.loads(json.dumps(FAST))}
     for key, value in settings.items():
         if isinstance(value, dict) and isinstance(block.get(key), dict):
@@ -748,14 +771,11 @@ class Kuikproxy:
         self.port = free_port()
         config_file = self.workdir / "kuikproxy.yaml"
         config_file.write_text(yaml.safe_dump({"listen": self.host_port, **self.settings}))
-        with self.log_file.open("wb") as log:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "kuikproxy", "serve", "--config", str(config_file)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=clean_env(PYTHONUNBUFFERED="1"),
-                start_new_session=True,
-            )
+        self._process = spawn(
+            [sys.executable, "-m", "kuikproxy", "serve", "--config", str(config_file)],
+            self.log_file,
+            clean_env(PYTHONUNBUFFERED="1"),
+        )
         wait_until_http(self.url + "/healthz", self._process, self.log_file)
         return self
 
@@ -798,7 +818,9 @@ class Run:
     seconds: float = field(default=0.0)
 
     def __str__(self) -> str:
-        return f"$ {' '.join(self.args)}\n(exit {self.returncode}, {self.seconds:.2f}s)\n{self.output}"
+        return (
+            f"$ {' '.join(self.args)}\n(exit {self.returncode}, {self.seconds:.2f}s)\n{self.output}"
+        )
 
 
 def run(args: Sequence[str], timeout: float = 60, env: Mapping[str, str] | None = None) -> Run:
@@ -818,3 +840,91 @@ def run(args: Sequence[str], timeout: float = 60, env: Mapping[str, str] | None 
         completed.stdout.decode(errors="replace"),
         time.monotonic() - started,
     )
+
+
+# --- containerd -----------------------------------------------------------------------------
+
+
+class Containerd:
+    """A private ``containerd``: root, state and sockets under ``workdir``, CRI disabled (no
+    kubelet here), images pulled with the ``native`` snapshotter. ``ctr(...)`` runs ``ctr``
+    against it in namespace ``e2e``."""
+
+    binary = "containerd"
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.socket = workdir / "containerd.sock"
+        self.log_file = workdir / "containerd.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def config(self) -> str:
+        w = self.workdir
+        return (
+            "version = 2\n"
+            f'root = "{w}/root"\n'
+            f'state = "{w}/state"\n'
+            'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+            f'[grpc]\n  address = "{self.socket}"\n'
+            f'[ttrpc]\n  address = "{self.socket}.ttrpc"\n'
+            f'[debug]\n  address = "{w}/debug.sock"\n  level = "info"\n'
+            f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{w}/opt"\n'
+        )
+
+    def start(self) -> Self:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config_file = self.workdir / "config.toml"
+        config_file.write_text(self.config())
+        self._process = spawn([self.binary, "--config", str(config_file)], self.log_file)
+        deadline = time.monotonic() + 20
+        while self.ctr("version").returncode != 0:
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"containerd did not start:\n{tail(self.log_file)}")
+            time.sleep(0.1)
+        return self
+
+    def stop(self) -> None:
+        stop_process(self._process)
+        self._process = None
+
+    def ctr(self, *args: str, timeout: float = 60) -> Run:
+        return run(["ctr", "--address", str(self.socket), "--namespace", "e2e", *args], timeout)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --- examples and pacing --------------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE_PROXY = "127.0.0.1:7439"
+EXAMPLE_REGISTRY = "registry.example:5000"
+
+
+def render_example(relative: str, proxy: str, registry: str, **replacements: str) -> str:
+    """An example file with literal ``replacements`` made first, then the proxy address and the
+    registry name of the test substituted (the ``<host>-<port>`` spelling too)."""
+    text = (EXAMPLES / relative).read_text()
+    pairs = {
+        **replacements,
+        EXAMPLE_PROXY: proxy,
+        EXAMPLE_REGISTRY: registry,
+        EXAMPLE_REGISTRY.replace(":", "-"): registry.replace(":", "-"),
+    }
+    for old, new in pairs.items():
+        text = text.replace(old, new)
+    return text
+
+
+def gaps(rows: Sequence[LoggedRequest]) -> list[float]:
+    """Seconds between the starts of consecutive rows, in start order."""
+    starts = sorted(r.started for r in rows)
+    return [b - a for a, b in itertools.pairwise(starts)]
+
+
+def fenced_blocks(markdown: str, language: str = "sh") -> list[str]:
+    """The fenced code blocks of ``language`` in a Markdown document, in order."""
+    return re.findall(rf"^```{language}\n(.*?)^```", markdown, flags=re.M | re.S)

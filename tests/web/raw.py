@@ -10,6 +10,7 @@ each request is a coroutine of the test's choosing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import struct
@@ -95,10 +96,8 @@ async def exchange(
         result.closed = True
     finally:
         writer.close()
-        try:
+        with contextlib.suppress(OSError):
             await writer.wait_closed()
-        except OSError:
-            pass
     result.rest = buffer
     return result
 

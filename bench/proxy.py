@@ -1,0 +1,843 @@
+"""kuikproxy as a proxy: blob throughput and kept-answer HEADs, side by side with the registry
+itself, a tuned nginx ``proxy_pass`` and (for HEADs) a bare aiohttp handler, in one run.
+
+Layout (everything on 127.0.0.1, nothing else is ever contacted; all under one temp dir):
+
+* one CNCF distribution registry (Debian ``docker-registry``, logs at ``error`` so that its log
+  does not slow it) holding ``bench/big``: a 512 MiB blob of random bytes, uploaded as one
+  streamed ``PATCH`` (never held whole in memory), and a small OCI image ``bench/app:v1``;
+* nginx (``daemon off``, 1 worker by default: kuikproxy is one process) with ``proxy_pass`` to an
+  ``upstream`` block with ``keepalive 64``, ``proxy_buffering on; proxy_buffers 16 256k;
+  proxy_max_temp_file_size 0; proxy_http_version 1.1; proxy_set_header Connection ""``;
+* kuikproxy as a subprocess (``python -m kuikproxy serve --config FILE --log-level warning``)
+  with two names for the same registry: ``registry.bench:5000`` (``paced: false``: straight
+  through) and ``registry.kept:5000`` (paced, ``check: {interval: 100ms}``);
+* a bare aiohttp app (this file, ``--bare-server``) answering ``HEAD`` from a dict, for the
+  HEAD measurement only.
+
+(a) **Blob**: ``curl -o /dev/null`` (a separate process) reads the blob through each path,
+    ``--rounds`` times, paths interleaved; MiB/s from curl's own ``time_total``. A thread samples
+    the proxy's VmRSS every 10 ms (nginx: its workers summed); growth is the peak during the
+    transfer minus the value just before it. One unmeasured transfer per path first, hashed, to
+    check the bytes and warm the page cache and connection pools.
+(b) **HEAD**: the load generator (this file, ``--load``: asyncio protocols on raw keep-alive
+    sockets, one request in flight per connection) runs ``--concurrency`` connections for
+    ``--seconds`` (after 1 s of warm-up) against each target. Through kuikproxy it HEADs the
+    manifest on the paced ``registry.kept:5000`` after one HEAD (``Kuik-Resource: warm``) has
+    waited for its window and left a kept answer. R1 lets a kept answer serve a resource only
+    if it is newer than that resource's previous read of the image, so a resource that asks
+    again is held for its next lap: to measure the kept-answer path (``Reuse``) every request
+    names a new resource (``Kuik-Resource: b<conn>-<n>``), which also makes a new ring per
+    request (``--same-resource`` sends ``Kuik-Resource: bench`` instead, to see the held path).
+
+Run: ``/tmp/v/bin/python bench/proxy.py`` (``--blob-mib 64 --seconds 3`` for a quick run;
+``--py-spy DIR`` records py-spy flame graphs of kuikproxy during its runs when py-spy exists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import yaml  # noqa: E402
+from aiohttp import web  # noqa: E402
+
+from tests.e2e.peers import (  # noqa: E402
+    LOOPBACK,
+    OCI_INDEX,
+    DistributionRegistry,
+    RegistryClient,
+    build_image,
+    clean_env,
+    free_port,
+    push_image,
+    spawn,
+    stop_process,
+    tail,
+    wait_until_http,
+)
+
+MiB = 1024 * 1024
+UPLOAD_CHUNK = MiB
+BENCH_HOST = "registry.bench:5000"  # paced: false
+KEPT_HOST = "registry.kept:5000"  # paced, check every 100 ms
+BLOB_REPO = "bench/big"
+IMAGE_REPO, IMAGE_TAG = "bench/app", "v1"
+CURL = ("curl", "-sS", "--noproxy", "*")
+SAMPLE_EVERY = 0.010
+WARMUP_SECONDS = 1.0
+LOAD_LIFETIME = 120.0  # a load generator or bare server stops by itself after this
+TARGET_BLOB_RATIO = 0.75  # of tuned nginx's MiB/s
+TARGET_RSS_MIB = 4.0
+TARGET_RPS = 20_000
+TARGET_P99_MS = 5.0
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+def rss_kib(pid: int) -> int:
+    """VmRSS of ``pid`` in KiB (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(p) for p in f.read().split()]
+    return found
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """utime + stime of ``pids``, in seconds."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
+class RssSampler:
+    """Samples the summed VmRSS of ``pids()`` every 10 ms in a thread; ``peak`` since start."""
+
+    def __init__(self, pids: Callable[[], Sequence[int]]) -> None:
+        self._pids = pids
+        self._stop = threading.Event()
+        self.before = 0
+        self.peak = 0
+        self.samples = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def current(self) -> int:
+        return sum(rss_kib(p) for p in self._pids())
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.current())
+            self.samples += 1
+            self._stop.wait(SAMPLE_EVERY)
+
+    def __enter__(self) -> RssSampler:
+        self.before = self.peak = self.current()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.current())
+
+    @property
+    def growth_mib(self) -> float:
+        return (self.peak - self.before) / 1024
+
+
+@dataclass
+class Peer:
+    """A process this bench started, stopped by :func:`stop_process` (SIGTERM, then SIGKILL)."""
+
+    name: str
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self) -> None:
+        stop_process(self.process)
+
+
+class QuietRegistry(DistributionRegistry):
+    """The e2e registry with its logs at ``error``: a log line per request would slow it."""
+
+    def config(self) -> dict[str, Any]:
+        config = super().config()
+        config["log"] = {"level": "error", "accesslog": {"disabled": True}}
+        return config
+
+
+def start_nginx(workdir: Path, upstream_port: int, workers: int) -> Peer:
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    user = "user root;\n" if os.geteuid() == 0 else ""  # workers must reach the temp dir
+    conf = workdir / "nginx.conf"
+    conf.write_text(
+        f"""{user}worker_processes {workers};
+daemon off;
+pid {workdir}/nginx.pid;
+error_log {workdir}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log {workdir}/access.log combined buffer=64k;
+    client_body_temp_path {workdir}/client_body;
+    proxy_temp_path {workdir}/proxy;
+    fastcgi_temp_path {workdir}/fastcgi;
+    uwsgi_temp_path {workdir}/uwsgi;
+    scgi_temp_path {workdir}/scgi;
+    upstream registry {{
+        server {LOOPBACK}:{upstream_port};
+        keepalive 64;
+    }}
+    server {{
+        listen {LOOPBACK}:{port};
+        client_max_body_size 0;
+        location / {{
+            proxy_pass http://registry;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $http_host;
+            proxy_buffering on;
+            proxy_buffers 16 256k;
+            proxy_max_temp_file_size 0;
+        }}
+    }}
+}}
+"""
+    )
+    log = workdir / "nginx.out"
+    args = ["nginx", "-p", str(workdir), "-c", str(conf), "-e", str(workdir / "error.log")]
+    process = spawn(args, log)
+    url = f"http://{LOOPBACK}:{port}"
+    wait_until_http(url + "/v2/", process, workdir / "error.log")
+    return Peer("nginx", url, process, log)
+
+
+def start_kuikproxy(workdir: Path, upstream: str) -> Peer:
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config = {
+        "listen": f"{LOOPBACK}:{port}",
+        "registries": {
+            BENCH_HOST: {"upstream": upstream, "paced": False},
+            KEPT_HOST: {"upstream": upstream, "check": {"interval": "100ms"}},
+        },
+    }
+    path = workdir / "kuikproxy.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = workdir / "kuikproxy.log"
+    args = [sys.executable, "-m", "kuikproxy", "serve", "--config", str(path)]
+    process = spawn([*args, "--log-level", "warning"], log, clean_env(PYTHONUNBUFFERED="1"))
+    url = f"http://{LOOPBACK}:{port}"
+    wait_until_http(url + "/healthz", process, log)
+    return Peer("kuikproxy", url, process, log)
+
+
+def start_self(workdir: Path, name: str, *args: str) -> subprocess.Popen[bytes]:
+    """This file in another process (stdout piped; stops when its stdin closes)."""
+    with (workdir / f"{name}.err").open("ab") as err:
+        return subprocess.Popen(
+            [sys.executable, __file__, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env=clean_env(),
+        )
+
+
+def start_bare(workdir: Path, headers: dict[str, str]) -> Peer:
+    port = free_port()
+    path = f"/v2/{IMAGE_REPO}/manifests/{IMAGE_TAG}"
+    answers = workdir / "bare.json"
+    answers.write_text(json.dumps({path: headers}))
+    process = start_self(workdir, "bare", "--bare-server", str(port), str(answers))
+    url = f"http://{LOOPBACK}:{port}"
+    wait_until_http(url + "/", process, workdir / "bare.err")
+    return Peer("bare aiohttp", url, process, workdir / "bare.err")
+
+
+# --- seeding --------------------------------------------------------------------------------
+
+
+def push_big_blob(base: str, repository: str, mib: int) -> str:
+    """Upload ``mib`` MiB of random bytes as one streamed PATCH; returns the digest."""
+    parts = urllib.parse.urlsplit(base)
+    connection = http.client.HTTPConnection(parts.hostname or LOOPBACK, parts.port, timeout=300)
+    try:
+        connection.request("POST", f"/v2/{repository}/blobs/uploads/")
+        answer = connection.getresponse()
+        answer.read()
+        if answer.status != 202:
+            raise RuntimeError(f"upload start: {answer.status}")
+        location = urllib.parse.urlsplit(answer.headers["Location"])
+        sha = hashlib.sha256()
+        connection.putrequest("PATCH", f"{location.path}?{location.query}")
+        connection.putheader("Content-Type", "application/octet-stream")
+        connection.putheader("Content-Length", str(mib * MiB))
+        connection.endheaders()
+        for _ in range(mib):
+            chunk = os.urandom(UPLOAD_CHUNK)
+            sha.update(chunk)
+            connection.send(chunk)
+        answer = connection.getresponse()
+        answer.read()
+        if answer.status != 202:
+            raise RuntimeError(f"upload PATCH: {answer.status}")
+        digest = "sha256:" + sha.hexdigest()
+        location = urllib.parse.urlsplit(answer.headers["Location"])
+        query = urllib.parse.urlencode({"digest": digest})
+        connection.request("PUT", f"{location.path}?{location.query}&{query}", body=b"")
+        answer = connection.getresponse()
+        answer.read()
+        if answer.status != 201:
+            raise RuntimeError(f"upload PUT: {answer.status}")
+        return digest
+    finally:
+        connection.close()
+
+
+# --- (a) blob throughput --------------------------------------------------------------------
+
+
+@dataclass
+class BlobRun:
+    mib_s: float
+    rss_growth_mib: float
+
+
+@dataclass
+class BlobPath:
+    name: str
+    url: str
+    pids: Callable[[], Sequence[int]]
+    runs: list[BlobRun] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(r.mib_s for r in self.runs)
+
+    @property
+    def best(self) -> float:
+        return max(r.mib_s for r in self.runs)
+
+    @property
+    def growth(self) -> float:
+        return max(r.rss_growth_mib for r in self.runs)
+
+
+def curl(url: str, size: int) -> float:
+    """Read ``url`` with curl into /dev/null; MiB/s."""
+    out = subprocess.run(
+        [*CURL, "-o", "/dev/null", "-w", "%{http_code} %{size_download} %{time_total}", url],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=120,
+        check=False,
+    )
+    code, got, seconds = out.stdout.split()
+    if code != "200" or int(got) != size:
+        raise RuntimeError(f"curl {url}: {code}, {got} of {size} bytes; {out.stderr}")
+    return size / MiB / float(seconds)
+
+
+def check_bytes(url: str, digest: str) -> None:
+    """One unmeasured transfer: the bytes must be the blob's."""
+    sha = hashlib.sha256()
+    with subprocess.Popen([*CURL, url], stdout=subprocess.PIPE, env=clean_env()) as process:
+        assert process.stdout is not None
+        while chunk := process.stdout.read(MiB):
+            sha.update(chunk)
+    if "sha256:" + sha.hexdigest() != digest:
+        raise RuntimeError(f"{url}: wrong bytes")
+
+
+def measure_blobs(paths: list[BlobPath], digest: str, size: int, rounds: int) -> None:
+    for path in paths:
+        check_bytes(path.url, digest)
+    for _ in range(rounds):
+        for path in paths:
+            with RssSampler(path.pids) as rss:
+                speed = curl(path.url, size)
+            path.runs.append(BlobRun(speed, rss.growth_mib))
+
+
+def blob_table(paths: list[BlobPath], mib: int, rounds: int) -> list[str]:
+    direct, nginx = paths[0], paths[1]
+    lines = [
+        f"(a) {mib} MiB blob, curl -o /dev/null, {rounds} rounds (paths interleaved)",
+        "",
+        f"{'path':<12} {'runs MiB/s':<26} {'median':>8} {'best':>8} {'/direct':>8} "
+        f"{'/nginx':>7} {'RSS growth MiB (max)':>21}",
+    ]
+    for p in paths:
+        runs = " ".join(f"{r.mib_s:.0f}" for r in p.runs)
+        growth = "—" if p is direct else f"{p.growth:.2f}"
+        lines.append(
+            f"{p.name:<12} {runs:<26} {p.median:>8.0f} {p.best:>8.0f} "
+            f"{p.median / direct.median:>8.2f} {p.median / nginx.median:>7.2f} {growth:>21}"
+        )
+    kuik = paths[2]
+    ratio = kuik.median / nginx.median
+    lines += [
+        "",
+        f"RSS growth per run, MiB: nginx {' '.join(f'{r.rss_growth_mib:.2f}' for r in nginx.runs)}"
+        f"; kuikproxy {' '.join(f'{r.rss_growth_mib:.2f}' for r in kuik.runs)}",
+        f"target: kuikproxy ≥ {TARGET_BLOB_RATIO}× nginx (median): {ratio:.2f}× "
+        + ("met" if ratio >= TARGET_BLOB_RATIO else "MISSED"),
+        f"target: kuikproxy RSS growth < {TARGET_RSS_MIB:g} MiB: {kuik.growth:.2f} MiB "
+        + ("met" if kuik.growth < TARGET_RSS_MIB else "MISSED"),
+    ]
+    return lines
+
+
+# --- (b) HEAD load --------------------------------------------------------------------------
+
+
+@dataclass
+class LoadResult:
+    name: str
+    requests: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    statuses: dict[str, int]
+    errors: int
+    cpu_s: float = 0.0
+    rss_before_mib: float = 0.0
+    rss_after_mib: float = 0.0
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+
+def run_load(
+    workdir: Path,
+    name: str,
+    *,
+    url: str,
+    path: str,
+    headers: dict[str, str],
+    args: argparse.Namespace,
+    vary_resource: bool,
+    pids: Sequence[int],
+    py_spy: Path | None = None,
+) -> LoadResult:
+    """The load generator in another process against ``url``; the server's CPU and RSS too."""
+    spec = json.dumps(
+        {
+            "port": urllib.parse.urlsplit(url).port,
+            "path": path,
+            "headers": headers,
+            "concurrency": args.concurrency,
+            "seconds": args.seconds,
+            "vary_resource": vary_resource,
+        }
+    )
+    rss_before = sum(rss_kib(p) for p in pids) / 1024
+    label = f"load-{name.replace(' ', '-')}"
+    process = start_self(workdir, label, "--load", spec)
+    profiler: subprocess.Popen[bytes] | None = None
+    try:
+        assert process.stdout is not None
+        ready = process.stdout.readline()  # "measuring" after the warm-up
+        if not ready:
+            raise RuntimeError(
+                f"load generator for {name} failed: {tail(workdir / f'{label}.err')}"
+            )
+        cpu_start = cpu_seconds(pids)
+        if py_spy is not None:
+            svg = py_spy / f"{name.replace(' ', '-')}.svg"
+            profiler = subprocess.Popen(
+                [
+                    *(py_spy_binary() or "py-spy", "record", "-p", str(pids[0]), "-o", str(svg)),
+                    *("-d", str(int(args.seconds)), "-r", "200", "--nonblocking"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        out, _ = process.communicate(timeout=args.seconds + 60)
+        cpu = cpu_seconds(pids) - cpu_start
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if profiler is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                profiler.wait(30)
+            stop_process(profiler)
+    data = json.loads(out)
+    return LoadResult(
+        name,
+        data["requests"],
+        data["seconds"],
+        data["p50_ms"],
+        data["p99_ms"],
+        data["max_ms"],
+        data["statuses"],
+        data["errors"],
+        cpu,
+        rss_before,
+        sum(rss_kib(p) for p in pids) / 1024,
+    )
+
+
+def py_spy_binary() -> str | None:
+    return shutil.which("py-spy") or (
+        str(Path(sys.executable).with_name("py-spy"))
+        if Path(sys.executable).with_name("py-spy").exists()
+        else None
+    )
+
+
+def head_table(results: list[LoadResult], args: argparse.Namespace, note: str) -> list[str]:
+    by = {r.name: r for r in results}
+    direct, nginx = by["direct"], by["nginx"]
+    lines = [
+        f"(b) HEAD of one manifest: {args.concurrency} keep-alive connections, "
+        f"{args.seconds:g} s each (after {WARMUP_SECONDS:g} s of warm-up)",
+        f"    kuikproxy: {note}",
+        "",
+        f"{'target':<14} {'requests':>9} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'max ms':>7} {'/direct':>8} {'/nginx':>7} {'server CPU':>11} {'RSS MiB':>15}  statuses",
+    ]
+    for r in results:
+        statuses = ",".join(f"{k}×{v}" for k, v in sorted(r.statuses.items()))
+        if r.errors:
+            statuses += f" errors×{r.errors}"
+        lines.append(
+            f"{r.name:<14} {r.requests:>9,} {r.rps:>8,.0f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} "
+            f"{r.max_ms:>7.1f} {r.rps / direct.rps:>8.2f} {r.rps / nginx.rps:>7.2f} "
+            f"{r.cpu_s / r.seconds:>10.0%} {r.rss_before_mib:>6.1f}→{r.rss_after_mib:<6.1f}"
+            f"  {statuses}"
+        )
+    kuik = by["kuikproxy"]
+    met = kuik.rps >= TARGET_RPS and kuik.p99_ms < TARGET_P99_MS and set(kuik.statuses) == {"200"}
+    lines += [
+        "",
+        f"target: kuikproxy ≥ {TARGET_RPS:,} req/s with p99 < {TARGET_P99_MS:g} ms: "
+        f"{kuik.rps:,.0f} req/s, p99 {kuik.p99_ms:.2f} ms " + ("met" if met else "MISSED"),
+    ]
+    return lines
+
+
+# --- the load generator (a separate process) ------------------------------------------------
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection, one HEAD in flight; a HEAD answer has no body."""
+
+    def __init__(self, load: _Load, index: int) -> None:
+        self.load = load
+        self.index = index
+        self.sent = 0
+        self.count = 0
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+        self.closed = load.loop.create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.send()
+
+    def send(self) -> None:
+        assert self.transport is not None
+        self.count += 1
+        self.sent = time.perf_counter_ns()
+        self.transport.write(self.load.request(self.index, self.count))
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if b"\r\n\r\n" not in self.buffer:
+            return
+        now = time.perf_counter_ns()
+        self.load.done(self.buffer[9:12].decode(), now - self.sent, now)
+        self.buffer = b""
+        if self.load.stopping:
+            assert self.transport is not None
+            self.transport.close()
+        else:
+            self.send()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.load.stopping:
+            self.load.errors += 1
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+class _Load:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.spec = spec
+        host = f"{LOOPBACK}:{spec['port']}"
+        fixed = "".join(f"{k}: {v}\r\n" for k, v in spec["headers"].items())
+        self.head = f"HEAD {spec['path']} HTTP/1.1\r\nHost: {host}\r\n{fixed}".encode()
+        self.vary = bool(spec["vary_resource"])
+        self.plain = self.head + b"\r\n"
+        self.measuring_from = 0
+        self.measuring_until = 0
+        self.stopping = False
+        self.latencies: list[int] = []
+        self.statuses: dict[str, int] = {}
+        self.errors = 0
+
+    def request(self, index: int, count: int) -> bytes:
+        if self.vary:
+            return self.head + f"Kuik-Resource: b{index}-{count}\r\n\r\n".encode()
+        return self.plain
+
+    def done(self, status: str, latency_ns: int, now_ns: int) -> None:
+        if self.measuring_from and not self.measuring_until:
+            self.latencies.append(latency_ns)
+            self.statuses[status] = self.statuses.get(status, 0) + 1
+
+    async def run(self) -> dict[str, Any]:
+        connections = []
+        for i in range(int(self.spec["concurrency"])):
+            _, c = await self.loop.create_connection(
+                lambda i=i: _Connection(self, i), LOOPBACK, int(self.spec["port"])
+            )
+            connections.append(c)
+        await asyncio.sleep(WARMUP_SECONDS)
+        self.measuring_from = time.perf_counter_ns()
+        sys.stdout.write("measuring\n")
+        sys.stdout.flush()
+        await asyncio.sleep(float(self.spec["seconds"]))
+        self.measuring_until = time.perf_counter_ns()
+        seconds = (self.measuring_until - self.measuring_from) / 1e9
+        self.stopping = True
+        requests = len(self.latencies)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(c.closed for c in connections)), 5)
+        ordered = sorted(self.latencies)
+        if not ordered:
+            ordered = [0]
+
+        def pct(q: float) -> float:
+            return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6
+
+        return {
+            "requests": requests,
+            "seconds": seconds,
+            "p50_ms": pct(0.50),
+            "p99_ms": pct(0.99),
+            "max_ms": ordered[-1] / 1e6,
+            "statuses": self.statuses,
+            "errors": self.errors,
+        }
+
+
+def load_main(spec: dict[str, Any]) -> int:
+    signal.alarm(int(LOAD_LIFETIME))
+
+    async def main() -> dict[str, Any]:
+        return await _Load(spec).run()
+
+    result = asyncio.run(main())
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+def bare_main(port: int, answers_file: str) -> int:
+    """A bare aiohttp app answering HEAD (and GET, without a body) from a dict."""
+    answers: dict[str, dict[str, str]] = json.loads(Path(answers_file).read_text())
+    signal.alarm(int(LOAD_LIFETIME * 3))
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        headers = answers.get(request.path)
+        if headers is None:
+            return web.Response(status=404)
+        return web.StreamResponse(status=200, headers=headers)
+
+    def watch() -> None:  # the bench closed our stdin (or died): stop
+        sys.stdin.read()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, daemon=True).start()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    web.run_app(
+        app, host=LOOPBACK, port=port, print=None, handler_cancellation=True, access_log=None
+    )
+    return 0
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+def head_headers(url: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname or LOOPBACK, parts.port, timeout=30)
+    try:
+        connection.request("HEAD", path, headers=headers)
+        answer = connection.getresponse()
+        answer.read()
+        return answer.status, dict(answer.headers.items())
+    finally:
+        connection.close()
+
+
+@contextlib.contextmanager
+def stopping(peers: list[Peer]) -> Iterator[list[Peer]]:
+    try:
+        yield peers
+    finally:
+        for peer in reversed(peers):
+            with contextlib.suppress(Exception):
+                if peer.process.stdin is not None:
+                    peer.process.stdin.close()
+            peer.stop()
+
+
+@dataclass
+class Setup:
+    workdir: Path
+    registry: QuietRegistry
+    nginx: Peer
+    kuik: Peer
+    peers: list[Peer]
+
+    @property
+    def registry_pid(self) -> int:
+        process = self.registry._process
+        return process.pid if process is not None else 0
+
+
+def measure_blob(setup: Setup, digest: str, args: argparse.Namespace) -> list[str]:
+    registry, nginx, kuik = setup.registry, setup.nginx, setup.kuik
+    blob = f"/v2/{BLOB_REPO}/blobs/{digest}"
+    paths = [
+        BlobPath("direct", registry.url + blob, lambda: [setup.registry_pid]),
+        BlobPath("nginx", nginx.url + blob, lambda: children(nginx.pid)),
+        BlobPath("kuikproxy", f"{kuik.url}{blob}?ns={BENCH_HOST}", lambda: [kuik.pid]),
+    ]
+    t0 = time.monotonic()
+    measure_blobs(paths, digest, args.blob_mib * MiB, args.rounds)
+    print(f"[blobs measured in {time.monotonic() - t0:.1f} s]")
+    return blob_table(paths, args.blob_mib, args.rounds)
+
+
+def measure_head(setup: Setup, index_digest: str, args: argparse.Namespace) -> list[str]:
+    registry, nginx, kuik, workdir = setup.registry, setup.nginx, setup.kuik, setup.workdir
+    manifest = f"/v2/{IMAGE_REPO}/manifests/{IMAGE_TAG}"
+    accept = {"Accept": OCI_INDEX}
+    kept_path = f"{manifest}?ns={KEPT_HOST}"
+    # the kept answer: this HEAD waits for its window (≤ 100 ms) and is read upstream
+    status, _ = head_headers(kuik.url, kept_path, {**accept, "Kuik-Resource": "warm"})
+    if status != 200:
+        raise RuntimeError(f"warming HEAD through kuikproxy: {status}\n{tail(kuik.log)}")
+    status, headers = head_headers(registry.url, manifest, accept)
+    wanted = ("content-type", "content-length", "docker-content-digest", "etag")
+    answer = {k: v for k, v in headers.items() if k.lower() in wanted}
+    if status != 200 or answer.get("Docker-Content-Digest") != index_digest:
+        raise RuntimeError(f"HEAD {manifest}: {status} {headers}")
+    bare = start_bare(workdir, answer)
+    setup.peers.append(bare)
+    py_spy = Path(args.py_spy) if args.py_spy else None
+    if py_spy is not None:
+        py_spy.mkdir(parents=True, exist_ok=True)
+    kuik_headers = {**accept, "Kuik-Resource": "bench"} if args.same_resource else accept
+    results = [
+        run_load(workdir, "direct", url=registry.url, path=manifest, headers=accept, args=args,
+                 vary_resource=False, pids=[setup.registry_pid]),
+        run_load(workdir, "nginx", url=nginx.url, path=manifest, headers=accept, args=args,
+                 vary_resource=False, pids=children(nginx.pid)),
+        run_load(workdir, "bare aiohttp", url=bare.url, path=manifest, headers=accept,
+                 args=args, vary_resource=False, pids=[bare.pid]),
+        run_load(workdir, "kuikproxy", url=kuik.url, path=kept_path, headers=kuik_headers,
+                 args=args, vary_resource=not args.same_resource, pids=[kuik.pid],
+                 py_spy=py_spy),
+    ]  # fmt: skip
+    note = f"HEAD {kept_path}, paced (check every 100 ms), kept answer warmed; " + (
+        "every request from resource 'bench'"
+        if args.same_resource
+        else "every request a new resource (Kuik-Resource: b<conn>-<n>)"
+    )
+    return head_table(results, args, note)
+
+
+def bench(args: argparse.Namespace) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="kuik-bench-proxy-"))
+    registry = QuietRegistry(workdir / "registry")
+    peers: list[Peer] = []
+    out: list[str] = []
+    try:
+        with registry, stopping(peers):
+            t0 = time.monotonic()
+            digest = push_big_blob(registry.url, BLOB_REPO, args.blob_mib)
+            image = push_image(RegistryClient(registry.url), build_image(IMAGE_REPO, IMAGE_TAG))
+            print(f"[pushed {args.blob_mib} MiB blob in {time.monotonic() - t0:.1f} s]")
+            peers.append(nginx := start_nginx(workdir / "nginx", registry.port, args.nginx_workers))
+            peers.append(kuik := start_kuikproxy(workdir / "kuikproxy", registry.url))
+            setup = Setup(workdir, registry, nginx, kuik, peers)
+            out += measure_blob(setup, digest, args)
+            print("\n" + "\n".join(out), flush=True)
+            table = measure_head(setup, image.index.digest, args)
+            print("\n" + "\n".join(table), flush=True)
+            out += ["", *table]
+            if kuik.process.poll() is not None:
+                raise RuntimeError(f"kuikproxy exited:\n{tail(kuik.log)}")
+            errors = [line for line in kuik.log.read_text().splitlines() if "ERROR" in line]
+            if errors:
+                print(f"kuikproxy logged {len(errors)} errors, first: {errors[0]}")
+    finally:
+        if args.keep:
+            print(f"[kept {workdir}]")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if args.output:
+        Path(args.output).write_text("\n".join(out) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    parser.add_argument("--blob-mib", type=int, default=512, help="blob size (default 512)")
+    parser.add_argument("--rounds", type=int, default=3, help="blob transfers per path")
+    parser.add_argument("--seconds", type=float, default=10.0, help="HEAD load per target")
+    parser.add_argument("--concurrency", type=int, default=64, help="HEAD connections")
+    parser.add_argument("--nginx-workers", type=int, default=1)
+    parser.add_argument("--same-resource", action="store_true", help="see the module docstring")
+    parser.add_argument("--py-spy", metavar="DIR", help="py-spy flame graph of kuikproxy's load")
+    parser.add_argument("--output", metavar="FILE", help="also write the tables here")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
+    parser.add_argument("--load", metavar="JSON", help=argparse.SUPPRESS)
+    parser.add_argument("--bare-server", nargs=2, metavar=("PORT", "FILE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.load:
+        return load_main(json.loads(args.load))
+    if args.bare_server:
+        return bare_main(int(args.bare_server[0]), args.bare_server[1])
+    return bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
