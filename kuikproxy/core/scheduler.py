@@ -373,6 +373,11 @@ class HostScheduler:
             return self._outcome(self.copy_series, at, Outcome.USED, read)
         return self._outcome(self.copy_series, at, Outcome.IDLE)
 
+    def copy_deadline(self) -> float | None:
+        """When the open copy's ``copy.timeout`` runs out (None: no limit, or no copy)."""
+        copy, timeout = self._open_copy, self.pacing.copy_timeout
+        return copy.opened_at + timeout if copy is not None and timeout else None
+
     def copy_request_done(self, now: float) -> None:
         """A request of the open copy (released by its window or passed in) ended."""
         copy = self._open_copy

@@ -68,6 +68,8 @@ class Answer:
 @dataclass(frozen=True, slots=True)
 class Go:
     """Go upstream now and stream the answer; call ``done`` when the request has ended (it
-    closes the accounting of an open copy, P9)."""
+    closes the accounting of an open copy, P9). A request of a copy with a ``copy.timeout``
+    must be over by ``deadline`` (loop time)."""
 
     done: Callable[[], None] = field(default=lambda: None)
+    deadline: float | None = None

@@ -216,7 +216,7 @@ class _Host:
         done = self.copy_done
         leader = self.waiters.get(read.tickets[0])
         if leader is None or leader.request.image.route == BLOBS:
-            self.resolve(list(read.tickets), Go(done))
+            self.resolve(list(read.tickets), self.go_copy())
             return
         group = self.group(read)
         request = self.template(read, group)
@@ -228,7 +228,7 @@ class _Host:
         finally:
             for _ in served:  # answered whole: their part of the copy has ended
                 done()
-            self.resolve([t for t in read.tickets if t not in served], Go(done))
+            self.resolve([t for t in read.tickets if t not in served], self.go_copy())
 
     async def copy_manifest(
         self, read: Read, request: RegistryRequest, group: list[Ticket], timeout: float | None
@@ -253,6 +253,11 @@ class _Host:
             for t in group
             if (waiter := self.waiters.get(t)) is not None and _serves(answer, waiter.request)
         ]
+
+    def go_copy(self) -> Go:
+        """A release into the open copy: ends its part of the copy when done, and must be
+        over by the copy's deadline."""
+        return Go(self.copy_done, self.scheduler.copy_deadline())
 
     def copy_done(self) -> None:
         self.scheduler.copy_request_done(self.pacer.loop.time())
@@ -291,7 +296,7 @@ class _Host:
         else:
             decision = s.copy(request.resource, request.image, now, opens=request.opens)
         if isinstance(decision, Pass):
-            return Go(self.copy_done) if request.operation is Operation.COPY else Go()
+            return self.go_copy() if request.operation is Operation.COPY else Go()
         assert isinstance(decision, Hold)
         return self.hold(decision.ticket, request)
 

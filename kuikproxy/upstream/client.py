@@ -22,6 +22,9 @@ from kuikproxy.errors import Denied, UpstreamTimeout, UpstreamUnreachable
 from kuikproxy.upstream.guard import AddressGuard, AddressRefused, GuardedResolver
 
 CHUNK = 64 * 1024
+# A registry silent this long, even in the middle of a blob without a copy.timeout, is stuck:
+# its request fails (504) rather than holding its copy open for ever.
+STALL_TIMEOUT = 120.0
 
 # RFC 9110 §7.6.1: meaningful for one connection only, never forwarded either way.
 HOP_BY_HOP = frozenset(
@@ -156,10 +159,12 @@ class AiohttpTransport:
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
         what = f"{request.method} {request.url.host}{request.url.path}"
-        timeout = aiohttp.ClientTimeout(total=request.timeout, connect=self._connect_timeout)
+        timeout = aiohttp.ClientTimeout(
+            total=request.timeout, connect=self._connect_timeout, sock_read=STALL_TIMEOUT
+        )
         try:
             if self._guard is not None and request.url.host is not None:
-                self._guard.check_literal(request.url.host)
+                self._guard.check_literal(request.url.host, request.url.port or 0)
             response = await self._get_session().request(
                 request.method,
                 request.url,

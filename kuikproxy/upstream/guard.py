@@ -3,8 +3,10 @@
 A host without an explicit ``upstream`` is reached at ``https://<host>``; if its name resolves
 to a loopback, link-local or cloud-metadata address (by mistake, by DNS rebinding, or because a
 client made up the name), kuikproxy refuses instead of becoming a door into the machine it runs
-on. The same goes for the hosts a registry sends it to: token realms and blob redirects. Hosts
-named by an explicit ``upstream`` are trusted as the operator wrote them.
+on. The same goes for the hosts a registry sends it to: token realms and blob redirects. The
+endpoints (host and port) of explicit ``upstream`` URLs are trusted as the operator wrote them —
+that host's other ports are not, unless the trusted registry itself names them (its token
+realm, its redirects).
 """
 
 from __future__ import annotations
@@ -37,23 +39,31 @@ def forbidden(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     )
 
 
-class AddressGuard:
-    """Which hosts may reach any address (those of explicit upstreams), and the check."""
+Endpoint = tuple[str, int]
 
-    def __init__(self, trusted: set[str] | None = None) -> None:
+
+class AddressGuard:
+    """Which endpoints may reach any address (those of explicit upstreams), and the check."""
+
+    def __init__(self, trusted: set[Endpoint] | None = None) -> None:
         self.trusted = trusted or set()
 
-    def check_literal(self, host: str) -> None:
+    def trust_beside(self, trusted: Endpoint, named: Endpoint) -> None:
+        """A trusted registry named another port of its own host (a realm, a redirect)."""
+        if trusted in self.trusted and named[0] == trusted[0]:
+            self.trusted.add(named)
+
+    def check_literal(self, host: str, port: int) -> None:
         """Refuse a URL whose host is a forbidden IP literal (literals skip the resolver)."""
         try:
             address = ipaddress.ip_address(host.strip("[]"))
         except ValueError:
             return
-        if host not in self.trusted and forbidden(address):
+        if (host, port) not in self.trusted and forbidden(address):
             raise AddressRefused(f"refused to connect to {host}: {_why(address)}")
 
-    def allowed(self, host: str, results: list[ResolveResult]) -> list[ResolveResult]:
-        if host in self.trusted:
+    def allowed(self, host: str, port: int, results: list[ResolveResult]) -> list[ResolveResult]:
+        if (host, port) in self.trusted:
             return results
         kept = [r for r in results if not forbidden(ipaddress.ip_address(r["host"]))]
         if not kept:
@@ -77,7 +87,7 @@ class GuardedResolver(AbstractResolver):
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
-        return self._guard.allowed(host, await self._resolver.resolve(host, port, family))
+        return self._guard.allowed(host, port, await self._resolver.resolve(host, port, family))
 
     async def close(self) -> None:
         await self._resolver.close()

@@ -20,7 +20,6 @@ import logging
 import ssl
 from collections.abc import Callable
 from dataclasses import replace
-from urllib.parse import urlsplit
 
 from yarl import URL
 
@@ -35,7 +34,7 @@ from kuikproxy.upstream.auth import (
     token_of,
 )
 from kuikproxy.upstream.client import Transport, UpstreamRequest, UpstreamResponse
-from kuikproxy.upstream.guard import AddressGuard
+from kuikproxy.upstream.guard import AddressGuard, Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +45,16 @@ _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 Headers = tuple[tuple[str, str], ...]
 
 
-def trusted_hosts(config: Config) -> set[str]:
-    """The host names of explicit upstreams: the operator chose them, loopback included."""
-    names = set()
+def trusted_endpoints(config: Config) -> set[Endpoint]:
+    """The endpoints of explicit upstreams: the operator chose them, loopback included."""
+    endpoints = set()
     for host in config.configured_hosts():
         upstream = config.registry(host).upstream
-        if upstream is not None and (name := urlsplit(upstream).hostname) is not None:
-            names.add(name)
-    return names
+        if upstream is not None:
+            url = URL(upstream)
+            if url.host is not None and url.port is not None:
+                endpoints.add((url.host, url.port))
+    return endpoints
 
 
 class Registries:
@@ -74,7 +75,7 @@ class Registries:
         self._config = config
         self._tls: dict[str, ssl.SSLContext | bool] = {}
         if self._guard is not None:
-            self._guard.trusted = trusted_hosts(config)
+            self._guard.trusted = trusted_endpoints(config)
 
     def base(self, host: str) -> URL:
         return URL(self._config.registry(host).upstream_url(host))
@@ -137,6 +138,7 @@ class Registries:
                 return response
             response.release()
             target = request.url.join(URL(location))
+            self._trust_beside(host, target)
             same = _origin(target) == origin
             headers = request.headers if same else _without_auth(request.headers)
             tls = self.tls(host) if same else True
@@ -144,6 +146,10 @@ class Registries:
             response = await self.transport.send(request)
         response.release()
         raise UpstreamUnreachable(f"{host}: more than {MAX_REDIRECTS} redirects")
+
+    def _trust_beside(self, host: str, named: URL) -> None:
+        if self._guard is not None:
+            self._guard.trust_beside(_endpoint(self.base(host)), _endpoint(named))
 
     def _cached(self, host: str, scope: str) -> str | None:
         token = self._tokens.get(host, scope, self._clock())
@@ -178,6 +184,7 @@ class Registries:
         ):
             log.warning("%s: not sending credentials to plain-http realm %s", host, realm.host)
             user = None
+        self._trust_beside(host, realm)
         query = {"service": challenge.params.get("service", host)}
         wanted = challenge.params.get("scope") or scope
         if wanted:
@@ -196,6 +203,10 @@ class Registries:
         token, lifetime = found
         self._tokens.put(host, scope, token, lifetime, self._clock())
         return f"Bearer {token}"
+
+
+def _endpoint(url: URL) -> Endpoint:
+    return (url.host or "", url.port or 0)
 
 
 def _scope_of(url: URL) -> str:

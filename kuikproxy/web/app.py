@@ -16,7 +16,13 @@ from aiohttp import web
 
 from kuikproxy.config import Config, RegistrySettings
 from kuikproxy.core.scheduler import Operation
-from kuikproxy.errors import NotFound, RegistryError, Unsupported, UpstreamUnreachable
+from kuikproxy.errors import (
+    NotFound,
+    RegistryError,
+    Unsupported,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
 from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.upstream.client import (
@@ -91,8 +97,8 @@ async def registry(request: web.Request) -> web.StreamResponse:
         if isinstance(outcome, Answer):
             return answer_response(request, outcome, ns)
         try:
-            timeout = settings.check.timeout if read.operation is Operation.CHECK else 0
-            upstream = _upstream(read, registries, timeout or None)
+            timeout = _timeout(outcome, read, settings, request.app[PACER].loop.time())
+            upstream = _upstream(read, registries, timeout)
             return await stream(request, registries, host, upstream, ns)
         finally:
             outcome.done()
@@ -105,6 +111,19 @@ async def registry(request: web.Request) -> web.StreamResponse:
             {"errors": [{"code": "UNKNOWN", "message": "internal error in kuikproxy"}]},
             status=500,
         )
+
+
+def _timeout(go: Go, read: RegistryRequest, settings: RegistrySettings, now: float) -> float | None:
+    """How long a read that may go has: ``check.timeout`` for checks; for a copy's request, what
+    is left of its ``copy.timeout`` (504 at once when nothing is)."""
+    if read.operation is Operation.CHECK:
+        return settings.check.timeout or None
+    if go.deadline is None:
+        return None
+    left = go.deadline - now
+    if left <= 0:
+        raise UpstreamTimeout(f"{read.host}: the copy's copy.timeout has run out")
+    return left
 
 
 def refuse_proxying(request: web.Request) -> None:

@@ -7,12 +7,14 @@ by them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from kuikproxy.errors import UpstreamError
 from kuikproxy.runtime.messages import Answer
 from kuikproxy.upstream.client import UpstreamRequest, end_to_end
 from kuikproxy.upstream.registries import Registries
@@ -23,6 +25,9 @@ def _client_headers(headers: CIMultiDict[str], ns: str | None) -> CIMultiDict[st
     if ns is not None:
         headers["OCI-Namespace"] = ns
     return headers
+
+
+log = logging.getLogger(__name__)
 
 
 def relocate(target: Target, base: URL) -> Callable[[str], str]:
@@ -72,7 +77,15 @@ async def stream(
             response.content_length = int(length)
         await response.prepare(request)
         if request.method != "HEAD":
-            async for chunk in answer.chunks():
-                await response.write(chunk)
+            try:
+                async for chunk in answer.chunks():
+                    await response.write(chunk)
+            except UpstreamError as error:
+                # the status line has gone out: a broken connection is the only honest signal
+                # left, never an error answer spliced into the body
+                log.warning("%s: %s; breaking off the client's answer", host, error.message)
+                if request.transport is not None:
+                    request.transport.abort()
+                return response
         await response.write_eof()
         return response

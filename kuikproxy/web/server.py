@@ -11,6 +11,8 @@ from kuikproxy.web.app import build_app
 
 log = logging.getLogger(__name__)
 
+KEEPALIVE_TIMEOUT = 75.0
+
 
 def run(config: Config, config_path: str | None = None) -> None:
     host, port = config.listen_address()
@@ -24,5 +26,8 @@ def run(config: Config, config_path: str | None = None) -> None:
         print=None,
         # a client that goes away cancels its handler: a held request stops waiting (P11)
         handler_cancellation=True,
+        # also the bound on a client that never finishes its request (slow headers): aiohttp
+        # arms it when the connection is made, and bytes trickling in do not re-arm it
+        keepalive_timeout=KEEPALIVE_TIMEOUT,
         access_log=None,
     )

@@ -78,11 +78,13 @@ def test_s3_1_forbidden_addresses(address: str) -> None:
     """Loopback, link-local, unspecified, multicast and metadata addresses are refused unless
     the host is an explicit upstream's."""
     with pytest.raises(AddressRefused):
-        AddressGuard().check_literal(address)
-    AddressGuard({address}).check_literal(address)
+        AddressGuard().check_literal(address, 443)
+    AddressGuard({(address, 443)}).check_literal(address, 443)
+    with pytest.raises(AddressRefused):  # trust is per endpoint: another port is not trusted
+        AddressGuard({(address, 443)}).check_literal(address, 6379)
 
 
 @pytest.mark.parametrize("address", ["10.0.0.5", "192.168.1.10", "8.8.8.8", "2001:db8::1"])
 def test_s3_1_other_addresses_pass(address: str) -> None:
     """Private and public addresses are ordinary registries (internal ones are common)."""
-    AddressGuard().check_literal(address)
+    AddressGuard().check_literal(address, 443)
