@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient
 
+from kuikproxy.config import parse_config
+from kuikproxy.web.app import build_app
 from tests.conftest import HOST, ProxyFactory
 from tests.upstream_app import Registry
 
@@ -83,3 +88,22 @@ async def test_held_requests_are_answered_503_at_shutdown(
     response = await held
     assert response.status == 503
     assert fake.reads() == []
+
+
+async def test_s3_bare_ping_answers_200_when_the_default_registry_cannot(
+    aiohttp_client: Callable[..., Awaitable[TestClient[Any, Any]]],
+) -> None:
+    """A bare ``/v2/`` names no registry; path-prefix mirrors (podman, skopeo) ask it before
+    every pull and skip the mirror unless it answers 200 or 401. When ``defaultRegistry`` cannot
+    be reached, kuikproxy answers for itself rather than take every other registry down."""
+    text = (
+        "defaultRegistry: dead.test\nallowedHosts: []\n"
+        "registries:\n  dead.test:\n    upstream: http://127.0.0.1:9\n"
+    )
+    client = await aiohttp_client(build_app(parse_config(text)))
+    response = await client.get("/v2/")
+    assert response.status == 200
+    assert response.headers["Docker-Distribution-API-Version"] == "registry/2.0"
+    # a ping that names its registry still says how that registry answered
+    named = await client.get("/v2/?ns=dead.test")
+    assert named.status == 502
