@@ -640,24 +640,18 @@ def parse_registry_log(text: str) -> list[LoggedRequest]:
     return rows
 
 
-class DistributionRegistry:
-    """``docker-registry serve CONFIG`` on 127.0.0.1, storage under ``workdir``.
+class LoopbackServer:
+    """A server process of the suite's on a free port of 127.0.0.1, logging to ``workdir``:
+    what the registry and kuikproxy launchers share. Subclasses write their config and
+    start the process in ``launch`` and say which ``health`` path answers once ready."""
 
-    ``token`` makes it trust a :class:`TokenServer`; ``htpasswd`` a file of bcrypt users
-    (``htpasswd -Bbn``). ``requests()`` reads its request log."""
+    log_name = "server.log"
+    health = "/"
 
-    binary = "docker-registry"
-
-    def __init__(
-        self,
-        workdir: Path,
-        token: TokenServer | None = None,
-        htpasswd: Path | None = None,
-    ) -> None:
+    def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        self.token, self.htpasswd = token, htpasswd
         self.port = 0
-        self.log_file = workdir / "registry.log"
+        self.log_file = workdir / self.log_name
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -667,6 +661,46 @@ class DistributionRegistry:
     @property
     def url(self) -> str:
         return f"http://{self.host_port}"
+
+    def launch(self) -> subprocess.Popen[bytes]:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self._process = self.launch()
+        wait_until_http(self.url + self.health, self._process, self.log_file)
+        return self
+
+    def stop(self) -> None:
+        stop_process(self._process)
+        self._process = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class DistributionRegistry(LoopbackServer):
+    """``docker-registry serve CONFIG`` on 127.0.0.1, storage under ``workdir``.
+
+    ``token`` makes it trust a :class:`TokenServer`; ``htpasswd`` a file of bcrypt users
+    (``htpasswd -Bbn``). ``requests()`` reads its request log."""
+
+    binary = "docker-registry"
+    log_name = "registry.log"
+    health = "/v2/"
+
+    def __init__(
+        self,
+        workdir: Path,
+        token: TokenServer | None = None,
+        htpasswd: Path | None = None,
+    ) -> None:
+        super().__init__(workdir)
+        self.token, self.htpasswd = token, htpasswd
 
     def config(self) -> dict[str, Any]:
         config: dict[str, Any] = {
@@ -691,19 +725,11 @@ class DistributionRegistry:
             config["auth"] = {"htpasswd": {"realm": "kuik-e2e", "path": str(self.htpasswd)}}
         return config
 
-    def start(self) -> Self:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+    def launch(self) -> subprocess.Popen[bytes]:
         config_file = self.workdir / "registry.yml"
         config_file.write_text(yaml.safe_dump(self.config()))
         # stdout gets the combined access log, stderr the structured one parsed by requests().
-        self._process = spawn([self.binary, "serve", str(config_file)], self.log_file)
-        wait_until_http(self.url + "/v2/", self._process, self.log_file)
-        return self
-
-    def stop(self) -> None:
-        stop_process(self._process)
-        self._process = None
+        return spawn([self.binary, "serve", str(config_file)], self.log_file)
 
     def requests(self, since: float = 0.0) -> list[LoggedRequest]:
         """Requests the registry answered that started at or after ``since`` (POSIX time)."""
@@ -718,12 +744,6 @@ class DistributionRegistry:
         while len(rows := self.requests(since)) < count and time.monotonic() < deadline:
             time.sleep(0.02)
         return rows
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 # --- kuikproxy ------------------------------------------------------------------------------
@@ -746,42 +766,26 @@ def registry_block(upstream: str, **settings: Any) -> dict[str, Any]:
     return block
 
 
-class Kuikproxy:
+class Kuikproxy(LoopbackServer):
     """``python -m kuikproxy serve --config FILE`` on a free loopback port.
 
     ``config`` is the YAML document as a dict, without ``listen`` (added here)."""
 
+    log_name = "kuikproxy.log"
+    health = "/healthz"
+
     def __init__(self, workdir: Path, config: Mapping[str, Any]) -> None:
-        self.workdir = workdir
+        super().__init__(workdir)
         self.settings = dict(config)
-        self.port = 0
-        self.log_file = workdir / "kuikproxy.log"
-        self._process: subprocess.Popen[bytes] | None = None
 
-    @property
-    def host_port(self) -> str:
-        return f"{LOOPBACK}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host_port}"
-
-    def start(self) -> Self:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+    def launch(self) -> subprocess.Popen[bytes]:
         config_file = self.workdir / "kuikproxy.yaml"
         config_file.write_text(yaml.safe_dump({"listen": self.host_port, **self.settings}))
-        self._process = spawn(
+        return spawn(
             [sys.executable, "-m", "kuikproxy", "serve", "--config", str(config_file)],
             self.log_file,
             clean_env(PYTHONUNBUFFERED="1"),
         )
-        wait_until_http(self.url + "/healthz", self._process, self.log_file)
-        return self
-
-    def stop(self) -> None:
-        stop_process(self._process)
-        self._process = None
 
     def log(self) -> str:
         return tail(self.log_file, 200)
@@ -791,12 +795,6 @@ class Kuikproxy:
         assert code == 200, body
         result: dict[str, Any] = json.loads(body)
         return result
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 @contextlib.contextmanager
