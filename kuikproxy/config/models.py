@@ -19,6 +19,7 @@ import fnmatch
 import ipaddress
 import re
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -85,6 +86,7 @@ _LABEL = r"[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?"
 _HOST = re.compile(rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9a-f:.]+\])(?::(\d{{1,5}}))?")
 
 
+@lru_cache(maxsize=4096)  # every request's host goes through it, from a handful of hosts
 def validate_host(host: str) -> str:
     """A normalised ``host[:port]``, or ``ValueError`` if it is not one (no scheme, no path)."""
     normal = normalize_host(host)

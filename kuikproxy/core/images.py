@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from kuikproxy.errors import DigestInvalid, ManifestInvalid, NameInvalid
 
@@ -25,6 +26,7 @@ DOCKER_HUB = "docker.io"
 _DOCKER_HUB_ALIASES = frozenset({"index.docker.io", "registry-1.docker.io"})
 
 
+@lru_cache(maxsize=4096)  # asked several times per request, of a handful of hosts
 def normalize_host(host: str) -> str:
     """The canonical spelling of a registry host: lowercase, Docker Hub's names folded.
 

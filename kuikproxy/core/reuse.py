@@ -7,6 +7,7 @@ answers and asks these questions, and the scheduler asks :func:`fresh_for` at a 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 
 # R4: these statuses are answers (kuik's verdicts Available, InvalidAuth, NotFound); 429 and 5xx
 # are not kept.
@@ -36,17 +37,23 @@ def accept_admits(accept: Iterable[str], content_type: str | None) -> bool:
     No ``Accept`` (or ``*/*``) admits anything; an answer without a type is admitted by any
     ``Accept`` (error bodies and 401 challenges carry none that matters).
     """
-    ranges = [
+    ranges = _media_ranges(accept if isinstance(accept, tuple) else tuple(accept))
+    if not ranges or content_type is None or "*/*" in ranges:
+        return True
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media in ranges or f"{media.split('/', 1)[0]}/*" in ranges
+
+
+@lru_cache(maxsize=256)
+def _media_ranges(accept: tuple[str, ...]) -> frozenset[str]:
+    """The media ranges of ``Accept`` values, parameters dropped. Clients send the same few
+    lists again and again: parsed once each."""
+    return frozenset(
         part.split(";", 1)[0].strip().lower()
         for value in accept
         for part in value.split(",")
         if part.strip()
-    ]
-    if not ranges or content_type is None:
-        return True
-    media = content_type.split(";", 1)[0].strip().lower()
-    major = media.split("/", 1)[0]
-    return any(r in ("*/*", media, f"{major}/*") for r in ranges)
+    )
 
 
 def shared_with(kept_auth: str | None, status: int, request_auth: str | None) -> bool:

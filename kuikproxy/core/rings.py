@@ -73,7 +73,9 @@ class Ring:
 
     def __init__(self) -> None:
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
-        self._order = SortedSet()
+        # every image in order, for the prefetch walk only: made at the first prefetch turn, so
+        # that hold rings (the default) never pay for it
+        self._order: SortedSet | None = None
         self._due = SortedSet()
         self._deferred: set[str] = set()  # waiting, done in this lap
         self._ahead: set[str] = set()  # waiting, done for the next lap (answered behind the cursor)
@@ -96,7 +98,8 @@ class Ring:
         entry = self._entries.get(image)
         if entry is None:
             self._entries[image] = _Entry(now)
-            self._order.add(image)
+            if self._order is not None:
+                self._order.add(image)
         else:
             entry.asked = now
             self._entries.move_to_end(image)
@@ -106,7 +109,8 @@ class Ring:
         for image in images:
             if image not in self._entries:
                 self._entries[image] = _Entry(now)
-        self._order.update(images)
+        if self._order is not None:
+            self._order.update(images)
 
     def oldest_ask(self) -> float | None:
         for entry in self._entries.values():
@@ -130,7 +134,8 @@ class Ring:
                 self._entries.move_to_end(image)
                 continue
             del self._entries[image]
-            self._order.discard(image)
+            if self._order is not None:
+                self._order.discard(image)
             gone.append(image)
         return gone
 
@@ -248,6 +253,8 @@ class Ring:
         if not prefetch:
             return self._due.after(after)
         entries, lap = self._entries, self.lap
+        if self._order is None:
+            self._order = SortedSet(self._entries)
         for image in self._order.iter_after(after):
             entry = entries[image]
             if entry.lap < lap:

@@ -27,7 +27,8 @@ class SortedSet:
         self._members: set[str] = set()
         self._chunks: list[list[str]] = []
         self._maxes: list[str] = []
-        self.update(keys)
+        if keys:
+            self.update(keys)
 
     def __len__(self) -> int:
         return len(self._members)

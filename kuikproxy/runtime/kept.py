@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kuikproxy.core.reuse import accept_admits, method_serves, shared_with
+from kuikproxy.core.reuse import shared_with
 from kuikproxy.runtime.messages import Answer, RegistryRequest
 
 _Key = tuple[str, str, str, str | None]
@@ -52,13 +52,8 @@ class KeptAnswers:
                 answer = self._entries.get(key)
                 if (
                     answer is not None
-                    and method_serves(answer.method, request.method)
                     and shared_with(answer.auth, answer.status, request.auth)
-                    # a refusal's type is an error body's: Accept negotiates manifests only
-                    and (
-                        answer.status != 200
-                        or accept_admits(request.accept, answer.header("content-type"))
-                    )
+                    and answer.serves(request)
                     and (best is None or answer.read_at > best[1].read_at)
                 ):
                     best = (key, answer)

@@ -7,18 +7,33 @@ kept, R1) or a :class:`Go` (no window needed or the window came: go upstream and
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from yarl import URL
 
 from kuikproxy.core.images import Image
+from kuikproxy.core.reuse import accept_admits, method_serves
 from kuikproxy.core.scheduler import Operation
+from kuikproxy.upstream.client import end_to_end
 
 # R1: what a kept answer remembers of the headers, besides its status and body.
 KEPT_HEADERS = frozenset(
     {"content-type", "content-length", "docker-content-digest", "www-authenticate", "etag"}
 )
+# Headers meant for kuikproxy or for one connection, never forwarded upstream.
+KUIK_RESOURCE = "Kuik-Resource"
+KUIK_OPERATION = "Kuik-Operation"
+NOT_FORWARDED = frozenset({"host", "content-length", "kuik-resource", "kuik-operation"})
+
+Headers = tuple[tuple[str, str], ...]
+
+
+def forwarded(sent: Mapping[str, str] | Headers) -> Headers:
+    """What of a client's headers goes to the registry: end-to-end ones, repeated ones
+    (``Accept``) as sent, kuikproxy's own left out."""
+    items = tuple(sent.items()) if isinstance(sent, Mapping) else sent
+    return tuple((k, v) for k, v in end_to_end(items).items() if k.lower() not in NOT_FORWARDED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +44,16 @@ class RegistryRequest:
     operation: Operation
     method: str  # GET or HEAD
     opens: bool  # a manifest GET by tag: always a copy of its own (§4.3)
-    headers: tuple[tuple[str, str], ...]  # what goes upstream, repeated names kept
+    # the client's headers as received; what goes upstream is derived when the read goes, so a
+    # request answered from a kept answer, or parked, never pays for it
+    sent: Mapping[str, str] | Headers
     auth: str | None  # key of the client's own Authorization (R5), None without one
     accept: tuple[str, ...]
     query: tuple[tuple[str, str], ...] = ()  # forwarded as sent, less ``ns``
+
+    @property
+    def headers(self) -> Headers:
+        return forwarded(self.sent)
 
     def url(self, base: URL) -> URL:
         """Where this read goes on a registry served at ``base``."""
@@ -50,10 +71,22 @@ class Answer:
     method: str
     read_at: float  # the window time it was read at (loop clock)
     auth: str | None  # None: shared with every client (R5)
+    content_type: str | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "content_type", self.header("content-type"))
 
     def header(self, name: str) -> str | None:
         name = name.lower()
         return next((v for k, v in self.headers if k.lower() == name), None)
+
+    def serves(self, request: RegistryRequest) -> bool:
+        """R3: a GET answer serves a HEAD but not the other way round, and a manifest serves a
+        request whose ``Accept`` admits its type (a refusal's type is an error body's, which
+        ``Accept`` does not negotiate)."""
+        if not method_serves(self.method, request.method):
+            return False
+        return self.status != 200 or accept_admits(request.accept, self.content_type)
 
     @property
     def size(self) -> int:

@@ -25,7 +25,7 @@ from urllib.parse import parse_qsl
 
 from kuikproxy.config import Config, RegistrySettings
 from kuikproxy.core.images import BLOBS, MANIFESTS
-from kuikproxy.core.reuse import accept_admits, is_kept_status, method_serves
+from kuikproxy.core.reuse import is_kept_status
 from kuikproxy.core.scheduler import (
     Hold,
     HostPacing,
@@ -156,7 +156,7 @@ class _Host:
                 operation=Operation.CHECK,
                 method="HEAD" if manifest else "GET",
                 opens=False,
-                headers=tuple(("Accept", a) for a in accept),
+                sent=tuple(("Accept", a) for a in accept),
                 auth=None,
                 accept=accept,
                 query=tuple(parse_qsl(read.image.query)),
@@ -251,7 +251,7 @@ class _Host:
         return [
             t
             for t in group
-            if (waiter := self.waiters.get(t)) is not None and _serves(answer, waiter.request)
+            if (waiter := self.waiters.get(t)) is not None and answer.serves(waiter.request)
         ]
 
     def go_copy(self) -> Go:
@@ -339,13 +339,6 @@ class _Host:
                 retry_after=retry_after,
             )
         )
-
-
-def _serves(answer: Answer, request: RegistryRequest) -> bool:
-    """Whether the answer read for a window serves this waiting request (R2 with R3)."""
-    if not method_serves(answer.method, request.method):
-        return False
-    return answer.status != 200 or accept_admits(request.accept, answer.header("content-type"))
 
 
 def retry_after_seconds(value: str | None, now_wall: float) -> float | None:

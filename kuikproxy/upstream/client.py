@@ -21,7 +21,6 @@ from yarl import URL
 from kuikproxy.errors import Denied, UpstreamTimeout, UpstreamUnreachable
 from kuikproxy.upstream.guard import AddressGuard, AddressRefused, GuardedResolver
 
-CHUNK = 64 * 1024
 # A registry silent this long, even in the middle of a blob without a copy.timeout, is stuck:
 # its request fails (504) rather than holding its copy open for ever.
 STALL_TIMEOUT = 120.0
@@ -105,7 +104,9 @@ class _AiohttpResponse:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self._response.content.iter_chunked(CHUNK):
+            # whatever has arrived, as it arrives: re-cutting into fixed chunks costs a write
+            # per chunk on the way out (measured: a third of blob throughput)
+            async for chunk in self._response.content.iter_any():
                 yield chunk
         except TimeoutError as e:
             raise UpstreamTimeout(f"{self._what}: timed out while reading the body") from e

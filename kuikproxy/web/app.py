@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from urllib.parse import parse_qsl
 
 from aiohttp import web
 
@@ -23,10 +22,9 @@ from kuikproxy.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
+from kuikproxy.runtime.messages import Answer, Go, RegistryRequest, forwarded
 from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.upstream.client import (
-    CHUNK,
     AiohttpTransport,
     Transport,
     UpstreamRequest,
@@ -39,8 +37,8 @@ from kuikproxy.web.classify import (
     Query,
     Target,
     classify,
-    forwarded_headers,
     locate,
+    parse_query,
     parse_raw_route,
     parse_route,
 )
@@ -65,7 +63,7 @@ async def registry(request: web.Request) -> web.StreamResponse:
         config = request.app[CONFIG]
         refuse_proxying(request)
         # parsed here and let go: aiohttp's request.query would stay cached on a held request
-        query = parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True)
+        query = parse_query(request.rel_url.raw_query_string)
         raw_path = request.rel_url.raw_path
         write = request.method not in READ_METHODS
         route = parse_raw_route(raw_path) if write else parse_route(raw_path)
@@ -141,10 +139,10 @@ async def write_through(request: web.Request, target: Target, query: Query) -> w
     url = base.with_path(f"/v2/{target.route.repository}", encoded=True).with_query(
         [(k, v) for k, v in query if k != "ns"]
     )
-    headers = forwarded_headers(request)
+    headers = forwarded(request.headers)
     if request.headers.get("Content-Length"):
         headers = (*headers, ("Content-Length", request.headers["Content-Length"]))
-    body = request.content.iter_chunked(CHUNK) if request.body_exists else None
+    body = request.content.iter_any() if request.body_exists else None
     upstream = UpstreamRequest(request.method, url, headers, None, body=body)
     ns = target.host if target.by_ns else None
     return await stream(
@@ -170,7 +168,7 @@ async def ping(
         registries = request.app[REGISTRIES]
         url = registries.base(host).with_path("/v2/")
         timeout = settings.check.timeout or None
-        upstream = UpstreamRequest("GET", url, forwarded_headers(request), timeout)
+        upstream = UpstreamRequest("GET", url, forwarded(request.headers), timeout)
         # kuikproxy signs in for clients only where it holds credentials; elsewhere clients
         # must see the registry's challenge to sign in themselves (docs/decisions.md)
         signed = registries.has_credentials(host)

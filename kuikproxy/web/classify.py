@@ -9,10 +9,9 @@ import binascii
 import hashlib
 import re
 from dataclasses import dataclass
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode
 
 from aiohttp import web
-from multidict import CIMultiDict
 
 from kuikproxy.config import Config, validate_host
 from kuikproxy.core.images import (
@@ -27,13 +26,8 @@ from kuikproxy.core.images import (
 )
 from kuikproxy.core.scheduler import Operation
 from kuikproxy.errors import Denied, NameInvalid, NotFound
-from kuikproxy.runtime.messages import RegistryRequest
-from kuikproxy.upstream.client import end_to_end
+from kuikproxy.runtime.messages import KUIK_OPERATION, RegistryRequest
 
-# Headers meant for kuikproxy, never forwarded upstream.
-KUIK_RESOURCE = "Kuik-Resource"
-KUIK_OPERATION = "Kuik-Operation"
-_NOT_FORWARDED = frozenset({"host", "content-length", "kuik-resource", "kuik-operation"})
 _MAX_RESOURCE = 253
 
 
@@ -78,6 +72,17 @@ def parse_raw_route(raw_path: str) -> Route:
 
 
 Query = list[tuple[str, str]]
+
+
+def parse_query(raw: str) -> Query:
+    """``parse_qsl`` with blank values kept, and a fast path for what registry clients send
+    (``ns=docker.io``, nothing to unquote): this runs for every request."""
+    if not raw:
+        return []
+    if "%" in raw or "+" in raw:
+        return parse_qsl(raw, keep_blank_values=True)
+    return [(k, v) for k, _, v in (pair.partition("=") for pair in raw.split("&") if pair)]
+
 
 # kuik v1 spells a registry's port with a dash in path prefixes: ``reg.local-5000``.
 _DASH_PORT = re.compile(r"(?P<host>.+)-(?P<port>[0-9]{1,5})")
@@ -185,12 +190,6 @@ def auth_key(request: web.Request) -> str | None:
     return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
-def forwarded_headers(request: web.Request) -> tuple[tuple[str, str], ...]:
-    """The request's end-to-end headers for the registry, repeated ones (Accept) as sent."""
-    headers: CIMultiDict[str] = end_to_end(tuple(request.headers.items()))
-    return tuple((k, v) for k, v in headers.items() if k.lower() not in _NOT_FORWARDED)
-
-
 def classify(
     request: web.Request, route: Route, host: str, query: Query, config: Config
 ) -> RegistryRequest:
@@ -218,7 +217,7 @@ def classify(
         operation=operation,
         method=request.method,
         opens=opens,
-        headers=forwarded_headers(request),
+        sent=request.headers,
         auth=auth_key(request),
         accept=tuple(request.headers.getall("Accept", ())),
         query=forwarded,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 
 from aiohttp import web
@@ -12,9 +13,24 @@ from kuikproxy.web.app import build_app
 log = logging.getLogger(__name__)
 
 KEEPALIVE_TIMEOUT = 75.0
+# kuikproxy's heap is mostly long-lived pacing state (rings of up to millions of entries) and
+# short-lived request objects. CPython's default first threshold (700 allocations) runs the
+# young collection thousands of times a second under load, and each pass promotes survivors
+# that the older collections then walk again: measured, a third of the throughput of kept
+# answers. A larger nursery keeps that work proportional to what is really garbage.
+GC_THRESHOLDS = (50_000, 20, 20)
+
+
+def tune_garbage_collection() -> None:
+    """Raise the collector's thresholds, and freeze what start-up made (modules, config): it
+    lives as long as the process and need never be walked again."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def run(config: Config, config_path: str | None = None) -> None:
+    tune_garbage_collection()
     host, port = config.listen_address()
     log.info(
         "kuikproxy listening on %s:%d (config: %s)", host or "*", port, config_path or "embedded"

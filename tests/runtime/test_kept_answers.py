@@ -33,7 +33,7 @@ def request(
         operation=Operation.CHECK,
         method=method,
         opens=False,
-        headers=(),
+        sent=(),
         auth=auth,
         accept=accept,
     )
