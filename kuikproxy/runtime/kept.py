@@ -46,8 +46,9 @@ class KeptAnswers:
         """The newest kept answer that may serve ``request`` (R3, R5), marked recently used."""
         best: tuple[_Key, Answer] | None = None
         host, image_key = request.host, request.image.key
-        for method in ("GET", "HEAD"):
-            for auth in {None, request.auth}:
+        auths = (None,) if request.auth is None else (None, request.auth)
+        for method in ("GET", "HEAD") if request.method == "HEAD" else ("GET",):
+            for auth in auths:
                 key = (host, image_key, method, auth)
                 answer = self._entries.get(key)
                 if (

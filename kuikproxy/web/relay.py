@@ -49,10 +49,13 @@ def relocate(target: Target, base: URL) -> Callable[[str], str]:
 
 
 def answer_response(request: web.Request, answer: Answer, ns: str | None) -> web.StreamResponse:
-    headers = _client_headers(CIMultiDict(answer.headers), ns)
+    """A whole answer (kept, or read once for every waiter). The headers go to aiohttp as they
+    are, copied once: this is the hot path of kept answers."""
+    headers = answer.headers if ns is None else (*answer.headers, ("OCI-Namespace", ns))
     if request.method == "HEAD":  # no body: the registry's Content-Length stands
         return web.StreamResponse(status=answer.status, headers=headers)
-    headers.pop("Content-Length", None)  # aiohttp sets it from the body
+    # aiohttp sets Content-Length from the body
+    headers = tuple((k, v) for k, v in headers if k.lower() != "content-length")
     return web.Response(status=answer.status, headers=headers, body=answer.body)
 
 
