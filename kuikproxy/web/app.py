@@ -34,13 +34,9 @@ from kuikproxy.upstream.guard import AddressGuard
 from kuikproxy.upstream.registries import Registries
 from kuikproxy.web import status as status_models
 from kuikproxy.web.classify import (
-    Query,
+    Locator,
     Target,
     classify,
-    locate,
-    parse_query,
-    parse_raw_route,
-    parse_route,
 )
 from kuikproxy.web.oci import API_VERSION, error_response
 from kuikproxy.web.relay import answer_response, relocate, stream
@@ -51,6 +47,7 @@ PACER = web.AppKey("pacer", Pacer)
 CONFIG = web.AppKey("config", Config)
 REGISTRIES = web.AppKey("registries", Registries)
 PING_TTL = 60.0  # §4.1: a host's /v2/ answer is kept this long
+LOCATOR = web.AppKey("locator", Locator)
 PING_CACHE = web.AppKey("ping_cache", dict[str, tuple[float, Answer]])
 READ_METHODS = frozenset({"GET", "HEAD"})
 MAX_PING_BODY = 64 * 1024
@@ -62,12 +59,12 @@ async def registry(request: web.Request) -> web.StreamResponse:
     try:
         config = request.app[CONFIG]
         refuse_proxying(request)
-        # parsed here and let go: aiohttp's request.query would stay cached on a held request
-        query = parse_query(request.rel_url.raw_query_string)
-        raw_path = request.rel_url.raw_path
-        write = request.method not in READ_METHODS
-        route = parse_raw_route(raw_path) if write else parse_route(raw_path)
-        target = locate(route, query, request.host, config)
+        # from the raw line, not request.query: that one would stay cached on a held request
+        url, write = request.rel_url, request.method not in READ_METHODS
+        located = request.app[LOCATOR].locate(
+            url.raw_path, url.raw_query_string, request.host, write
+        )
+        target, query = located.target, located.query
         host, route = target.host, target.route
         ns = host if target.by_ns else None  # answered with OCI-Namespace (§3)
         settings = config.registry(host)
@@ -85,7 +82,8 @@ async def registry(request: web.Request) -> web.StreamResponse:
                 # before every pull, and skip the mirror unless it answers 200 or 401 — so one
                 # unreachable defaultRegistry must not make every other registry unusable
                 return web.json_response({}, headers=dict([API_VERSION]))
-        read = classify(request, route, host, query, config)
+        assert located.image is not None
+        read = classify(request, located.image, query, config)
         registries = request.app[REGISTRIES]
         if not settings.paced:  # a destination kuik owns (§4.3): straight through
             return await stream(request, registries, host, _upstream(read, registries, None), ns)
@@ -131,7 +129,9 @@ def refuse_proxying(request: web.Request) -> None:
         raise Unsupported(f"{request.method} to another host: kuikproxy is not a forward proxy")
 
 
-async def write_through(request: web.Request, target: Target, query: Query) -> web.StreamResponse:
+async def write_through(
+    request: web.Request, target: Target, query: tuple[tuple[str, str], ...]
+) -> web.StreamResponse:
     """A write to a host kuik owns (``paced: false``): passed through with its body streamed;
     upload locations pointed back through kuikproxy the way the client addressed it."""
     registries = request.app[REGISTRIES]
@@ -218,6 +218,7 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
     """The whole application; ``transport`` defaults to aiohttp towards real registries."""
     app = web.Application()
     app[CONFIG] = config
+    app[LOCATOR] = Locator(config)
     app[PING_CACHE] = {}
     guard = AddressGuard() if transport is None else None
     upstream = transport or AiohttpTransport(guard=guard)

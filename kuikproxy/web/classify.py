@@ -9,6 +9,7 @@ import binascii
 import hashlib
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import parse_qsl, urlencode
 
 from aiohttp import web
@@ -190,28 +191,62 @@ def auth_key(request: web.Request) -> str | None:
     return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
+@dataclass(frozen=True, slots=True)
+class Located:
+    """What a request's line says: where it goes, its query, and (for a read) its image."""
+
+    target: Target
+    query: tuple[tuple[str, str], ...]
+    image: Image | None
+
+
+class Locator:
+    """Where requests go (§3) and what they read, remembered per request line and ``Host``:
+    clients ask for the same images again and again, and parsing and validating a line costs
+    more than the rest of a kept answer's path. Bounded; refusals are not remembered (each
+    raises again), so no client can fill it with anything but lines that parse."""
+
+    def __init__(self, config: Config, size: int = 8192) -> None:
+        self._config = config
+        self.locate = lru_cache(maxsize=size)(self._locate)
+
+    def _locate(self, raw_path: str, raw_query: str, host_header: str, write: bool) -> Located:
+        query = parse_query(raw_query)
+        route = parse_raw_route(raw_path) if write else parse_route(raw_path)
+        target = locate(route, query, host_header, self._config)
+        read = not write and target.route.kind != "ping"
+        image = image_of(target.host, target.route, query) if read else None
+        return Located(target, tuple(query), image)
+
+
+def image_of(host: str, route: Route, query: Query) -> Image:
+    """The image a read names, every part validated (§12)."""
+    repository = parse_repository(route.repository, host)
+    if route.kind == BLOBS:
+        return Image(host, repository, check_digest(route.reference), BLOBS)
+    if route.kind in (TAGS, REFERRERS):  # paced on the check series (§4.1)
+        reference = route.reference if route.kind == TAGS else check_digest(route.reference)
+        pages = urlencode(sorted((k, v) for k, v in query if k != "ns"))
+        return Image(host, repository, reference, route.kind, pages)
+    return Image(host, repository, check_reference(route.reference))
+
+
 def classify(
-    request: web.Request, route: Route, host: str, query: Query, config: Config
+    request: web.Request, image: Image, query: tuple[tuple[str, str], ...], config: Config
 ) -> RegistryRequest:
     """A manifest, blob, tag list or referrers read as the runtime paces it (§4.1, §4.3)."""
-    repository = parse_repository(route.repository, host)
-    forwarded = tuple((k, v) for k, v in query if k != "ns")
-    if route.kind == BLOBS:
-        image = Image(host, repository, check_digest(route.reference), BLOBS)
+    if image.route == BLOBS:
         operation, opens = Operation.COPY, False
-    elif route.kind in (TAGS, REFERRERS):  # paced on the check series (§4.1)
-        reference = route.reference if route.kind == TAGS else check_digest(route.reference)
-        image = Image(host, repository, reference, route.kind, urlencode(sorted(forwarded)))
+    elif image.route in (TAGS, REFERRERS):
         operation, opens = Operation.CHECK, False
     else:
-        image = Image(host, repository, check_reference(route.reference))
         as_check = request.headers.get(KUIK_OPERATION, "").lower() == "check"
         if request.method == "HEAD" or as_check:
             operation, opens = Operation.CHECK, False
         else:
             operation, opens = Operation.COPY, not image.by_digest
     return RegistryRequest(
-        host=host,
+        host=image.host,
         image=image,
         resource=resource_of(request, config),
         operation=operation,
@@ -220,5 +255,5 @@ def classify(
         sent=request.headers,
         auth=auth_key(request),
         accept=tuple(request.headers.getall("Accept", ())),
-        query=forwarded,
+        query=tuple((k, v) for k, v in query if k != "ns"),
     )
