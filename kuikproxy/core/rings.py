@@ -73,8 +73,8 @@ class Ring:
 
     def __init__(self) -> None:
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
-        # every image in order, for the prefetch walk only: made at the first prefetch turn, so
-        # that hold rings (the default) never pay for it
+        # every image in order, for the prefetch walk only: hold rings (the default) never pay
+        # for it; a prefetch ring keeps it from its start (:meth:`walk_in_order`)
         self._order: SortedSet | None = None
         self._due = SortedSet()
         self._deferred: set[str] = set()  # waiting, done in this lap
@@ -111,6 +111,12 @@ class Ring:
                 self._entries[image] = _Entry(now)
         if self._order is not None:
             self._order.update(images)
+
+    def walk_in_order(self) -> None:
+        """Keep every image in order from now on (prefetch, P7). Built at once if images are
+        already here: a one-time sort, when a reload turns a host to prefetch."""
+        if self._order is None:
+            self._order = SortedSet(self._entries)
 
     def oldest_ask(self) -> float | None:
         for entry in self._entries.values():
@@ -253,8 +259,8 @@ class Ring:
         if not prefetch:
             return self._due.after(after)
         entries, lap = self._entries, self.lap
-        if self._order is None:
-            self._order = SortedSet(self._entries)
+        self.walk_in_order()
+        assert self._order is not None
         for image in self._order.iter_after(after):
             entry = entries[image]
             if entry.lap < lap:

@@ -199,6 +199,8 @@ class HostScheduler:
         if pacing.copy_interval != self.pacing.copy_interval:
             self.copy_series.restart(now, pacing.copy_interval)
         if pacing.prefetch and not self.pacing.prefetch:  # every ring now has something due
+            for ring in self._rings.values():
+                ring.walk_in_order()
             self._check_ready.update(r for r, ring in self._rings.items() if len(ring))
         self.pacing = pacing
 
@@ -239,6 +241,7 @@ class HostScheduler:
             ring = self._rings[resource] = Ring()
             heapq.heappush(self._expiry, (now, resource))
             if self.pacing.prefetch:
+                ring.walk_in_order()
                 self._check_ready.add(resource)
         return ring
 
