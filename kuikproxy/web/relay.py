@@ -90,5 +90,7 @@ async def stream(
                 if request.transport is not None:
                     request.transport.abort()
                 return response
+            except ConnectionResetError:  # the client went away mid-answer: nothing to tell it
+                return response
         await response.write_eof()
         return response
