@@ -39,6 +39,7 @@ from kuikproxy.web.classify import (
     classify,
 )
 from kuikproxy.web.oci import API_VERSION, error_response
+from kuikproxy.web.proxying import ProxyRequests
 from kuikproxy.web.relay import answer_response, relocate, stream
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,6 @@ async def registry(request: web.Request) -> web.StreamResponse:
     pays for every coroutine frame it sits in, and this one is there anyway."""
     try:
         config = request.app[CONFIG]
-        refuse_proxying(request)
         # from the raw line, not request.query: that one would stay cached on a held request
         url, write = request.rel_url, request.method not in READ_METHODS
         located = request.app[LOCATOR].locate(
@@ -122,13 +122,6 @@ def _timeout(go: Go, read: RegistryRequest, settings: RegistrySettings, now: flo
     return left
 
 
-def refuse_proxying(request: web.Request) -> None:
-    """``CONNECT`` and absolute-URI requests ask for a forward proxy, which is not enabled
-    (SPEC §13): 405, whatever host they name."""
-    if request.method == "CONNECT" or not request.raw_path.startswith("/"):
-        raise Unsupported(f"{request.method} to another host: kuikproxy is not a forward proxy")
-
-
 async def write_through(
     request: web.Request, target: Target, query: tuple[tuple[str, str], ...]
 ) -> web.StreamResponse:
@@ -184,10 +177,6 @@ async def ping(
 
 
 async def not_found(request: web.Request) -> web.StreamResponse:
-    try:
-        refuse_proxying(request)
-    except RegistryError as error:
-        return error_response(error)
     return error_response(NotFound(f"no such route {request.path[:200]!r}"))
 
 
@@ -239,6 +228,7 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
     app.on_startup.append(start)
     app.on_shutdown.append(stop)
     app.on_cleanup.append(cleanup)
+    app.router.register_resource(ProxyRequests())
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", healthz)
     app.router.add_get("/status", status)

@@ -58,11 +58,6 @@ registries:
 """
 
 # The features still being built; their cases keep the spec's answer and are expected to fail.
-FORWARD_PROXY = (
-    "§13: CONNECT gets aiohttp's plain 404 (its authority-form target matches no route), "
-    "not 405 UNSUPPORTED: refused before any connection all the same; the 405 needs a hook below "
-    "aiohttp's router, which the forward-proxy work (issue 7) brings (docs/decisions.md)"
-)
 
 Starter = Callable[[str], Awaitable[TestClient[object, object]]]
 
@@ -119,14 +114,11 @@ class Case:
     reaches: tuple[str, ...] = ()
     resource: str | None = None
     parser: str | None = None
-    xfail: str | None = None
 
 
-def refused(
-    id: str, request: str, status: int, code: str, *, config: str = MIRROR, xfail: str = ""
-) -> Case:
+def refused(id: str, request: str, status: int, code: str, *, config: str = MIRROR) -> Case:
     heads = int(request.startswith("HEAD "))
-    return Case(id, request, ((status, code),), config=config, heads=heads, xfail=xfail or None)
+    return Case(id, request, ((status, code),), config=config, heads=heads)
 
 
 def by_parser(id: str, request: str, message: str) -> Case:
@@ -256,16 +248,15 @@ CASES = [
             403,
             "DENIED",
             config=OPEN,
-            xfail=xfail,
         )
-        for name, ns, xfail in (
-            ("localhost", "localhost:{port}", ""),
-            ("loopback-other", "127.0.0.2:{port}", ""),
-            ("ipv6-loopback", "[::1]:{port}", ""),
-            ("metadata-ip", "169.254.169.254", ""),
+        for name, ns in (
+            ("localhost", "localhost:{port}"),
+            ("loopback-other", "127.0.0.2:{port}"),
+            ("ipv6-loopback", "[::1]:{port}"),
+            ("metadata-ip", "169.254.169.254"),
             # the registry's own endpoint on 127.0.0.1 is the explicit upstream of
             # registry.test; another port of 127.0.0.1 is not trusted (port 9: discard)
-            ("loopback-upstream-host-other-port", "127.0.0.1:9", ""),
+            ("loopback-upstream-host-other-port", "127.0.0.1:9"),
         )
     ),
     refused(
@@ -281,14 +272,12 @@ CASES = [
         req("CONNECT", "evil.example:443", "Host: evil.example:443", host=False),
         405,
         "UNSUPPORTED",
-        xfail=FORWARD_PROXY,
     ),
     refused(
         "connect-allowed-host",
         req("CONNECT", f"{HOST}:443", f"Host: {HOST}:443", host=False),
         405,
         "UNSUPPORTED",
-        xfail=FORWARD_PROXY,
     ),
     refused(
         "absolute-uri-ping",
@@ -391,17 +380,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(
-            case,
-            id=case.id,
-            marks=[pytest.mark.xfail(strict=True, reason=case.xfail)] if case.xfail else [],
-        )
-        for case in CASES
-    ],
-)
+@pytest.mark.parametrize("case", [pytest.param(case, id=case.id) for case in CASES])
 async def test_s12_hostile_request_gets_its_documented_answer(
     start: Starter, registry: tuple[Registry, TestServer], case: Case
 ) -> None:

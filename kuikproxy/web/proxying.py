@@ -1,0 +1,47 @@
+"""Requests that ask for a forward proxy, refused before routing (SPEC §13).
+
+``CONNECT host:port`` (authority-form) and ``OPTIONS *`` (asterisk-form) name no path, so no
+path route can ever match them, and absolute-form requests (``GET http://host/...``) must not be
+read as if they were addressed to kuikproxy. Until forward-proxy mode exists they are all
+``405 UNSUPPORTED``, whatever host they name, before any connection.
+
+aiohttp's router looks at rule-matched sub-application resources before its path index, for
+every request; this resource is one of those, and matches these requests only.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from aiohttp.web_urldispatcher import (
+    Domain,
+    MatchedSubAppResource,
+    ResourceRoute,
+    UrlMappingMatchInfo,
+)
+
+from kuikproxy.errors import Unsupported
+from kuikproxy.web.oci import error_response
+
+
+def asks_for_a_proxy(request: web.Request) -> bool:
+    return request.method == "CONNECT" or not request.raw_path.startswith("/")
+
+
+async def refuse(request: web.Request) -> web.StreamResponse:
+    return error_response(
+        Unsupported(f"{request.method} to another host: kuikproxy is not a forward proxy")
+    )
+
+
+class ProxyRequests(MatchedSubAppResource):
+    """Matches the requests :func:`asks_for_a_proxy` and answers them with :func:`refuse`."""
+
+    def __init__(self) -> None:
+        # the rule and application are placeholders: resolve() below decides alone
+        super().__init__(Domain("proxy.invalid"), web.Application())
+        self._route = ResourceRoute("*", refuse, self)
+
+    async def resolve(self, request: web.Request) -> tuple[UrlMappingMatchInfo | None, set[str]]:
+        if asks_for_a_proxy(request):
+            return UrlMappingMatchInfo({}, self._route), {request.method}
+        return None, set()
