@@ -12,6 +12,7 @@
         ├── NotFound                 404 NOT_FOUND         route kuikproxy does not serve
         ├── Unsupported              405 UNSUPPORTED       writes, unknown methods
         ├── TooManyRequests          429 TOOMANYREQUESTS   held too long, rejected (Retry-After)
+        ├── InternalError            500 UNKNOWN           a bug of kuikproxy's (logged)
         ├── Unavailable              503 UNAVAILABLE       the proxy is shutting down, host removed
         └── UpstreamError            the registry could not be used
             ├── UpstreamUnreachable  502 UNAVAILABLE       connection refused, reset, broken off
@@ -104,6 +105,11 @@ class Unsupported(RegistryError):
 class TooManyRequests(RegistryError):
     status = 429
     code = "TOOMANYREQUESTS"
+
+
+class InternalError(RegistryError):
+    status = 500
+    code = "UNKNOWN"
 
 
 class Unavailable(RegistryError):

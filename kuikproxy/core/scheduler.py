@@ -151,6 +151,7 @@ class HostView:
     copy: SeriesView
     prefetch: bool
     check_waiting: int
+    copy_waiting: int
     copy_open: str | None
     copy_queued: int
     blocked_until: float | None
@@ -469,6 +470,7 @@ class HostScheduler:
             copy=_series_view(self.copy_series, copy_open is not None),
             prefetch=p.prefetch,
             check_waiting=self.waiting(Operation.CHECK),
+            copy_waiting=self.waiting(Operation.COPY),
             copy_open=copy_open,
             copy_queued=sum(len(q) for q in self._queues.values()),
             blocked_until=self.blocked_until if self._blocked(now) else None,

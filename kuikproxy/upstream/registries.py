@@ -24,7 +24,7 @@ from dataclasses import replace
 from yarl import URL
 
 from kuikproxy.config import Config
-from kuikproxy.errors import UpstreamUnreachable
+from kuikproxy.errors import RegistryError, UpstreamUnreachable
 from kuikproxy.upstream.auth import (
     Challenge,
     TokenCache,
@@ -64,10 +64,14 @@ class Registries:
         transport: Transport,
         clock: Callable[[], float],
         guard: AddressGuard | None = None,
+        observe: Callable[[str, str, str], None] = lambda host, method, code: None,
     ) -> None:
+        """``observe(host, method, code)`` hears of every request sent (code "error" when no
+        answer came)."""
         self.transport = transport
         self._clock = clock
         self._guard = guard
+        self._observe = observe
         self._tokens = TokenCache()
         self.configure(config)
 
@@ -127,7 +131,7 @@ class Registries:
         """Send, following redirects of reads; credentials stay with their origin."""
         request = replace(request, ssl=self.tls(host))
         origin = _origin(request.url)
-        response = await self.transport.send(request)
+        response = await self._send(host, request)
         for _ in range(MAX_REDIRECTS):
             location = response.headers.get("Location")
             if (
@@ -143,9 +147,18 @@ class Registries:
             headers = request.headers if same else _without_auth(request.headers)
             tls = self.tls(host) if same else True
             request = UpstreamRequest(request.method, target, headers, request.timeout, tls)
-            response = await self.transport.send(request)
+            response = await self._send(host, request)
         response.release()
         raise UpstreamUnreachable(f"{host}: more than {MAX_REDIRECTS} redirects")
+
+    async def _send(self, host: str, request: UpstreamRequest) -> UpstreamResponse:
+        try:
+            response = await self.transport.send(request)
+        except RegistryError:
+            self._observe(host, request.method, "error")
+            raise
+        self._observe(host, request.method, str(response.status))
+        return response
 
     def _trust_beside(self, host: str, named: URL) -> None:
         if self._guard is not None:

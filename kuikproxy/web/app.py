@@ -12,10 +12,12 @@ import asyncio
 import logging
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from kuikproxy.config import Config, RegistrySettings
-from kuikproxy.core.scheduler import Operation
+from kuikproxy.core.scheduler import HostView, Operation
 from kuikproxy.errors import (
+    InternalError,
     NotFound,
     RegistryError,
     Unsupported,
@@ -23,6 +25,7 @@ from kuikproxy.errors import (
     UpstreamUnreachable,
 )
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest, forwarded
+from kuikproxy.runtime.metrics import Metrics
 from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.upstream.client import (
     AiohttpTransport,
@@ -49,14 +52,18 @@ CONFIG = web.AppKey("config", Config)
 REGISTRIES = web.AppKey("registries", Registries)
 PING_TTL = 60.0  # §4.1: a host's /v2/ answer is kept this long
 LOCATOR = web.AppKey("locator", Locator)
+METRICS = web.AppKey("metrics", Metrics)
 PING_CACHE = web.AppKey("ping_cache", dict[str, tuple[float, Answer]])
 READ_METHODS = frozenset({"GET", "HEAD"})
 MAX_PING_BODY = 64 * 1024
 
 
-async def registry(request: web.Request) -> web.StreamResponse:
-    """Every ``/v2/`` route. Errors are caught here rather than in a middleware: a held request
-    pays for every coroutine frame it sits in, and this one is there anyway."""
+async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
+    """Every ``/v2/`` route, in one function on purpose: a held request pays for every
+    coroutine frame it sits in (errors are caught here rather than in a middleware for the same
+    reason). The ``finally`` counts the answer (``kuik_proxy_requests_total``)."""
+    host, operation, cache = "-", "-", "none"  # the metric's labels, as far as they are known
+    response: web.StreamResponse | None = None
     try:
         config = request.app[CONFIG]
         # from the raw line, not request.query: that one would stay cached on a held request
@@ -64,49 +71,52 @@ async def registry(request: web.Request) -> web.StreamResponse:
         located = request.app[LOCATOR].locate(
             url.raw_path, url.raw_query_string, request.host, write
         )
-        target, query = located.target, located.query
-        host, route = target.host, target.route
+        target = located.target
+        host = target.host
         ns = host if target.by_ns else None  # answered with OCI-Namespace (§3)
         settings = config.registry(host)
+        registries = request.app[REGISTRIES]
         if write:
             if settings.paced:
                 raise Unsupported(f"{request.method}: kuikproxy only reads {host} (it is paced)")
-            return await write_through(request, target, query)
-        if route.kind == "ping":
-            try:
-                return await ping(request, host, settings, ns)
-            except RegistryError:
-                if not target.by_default:
-                    raise
-                # a bare /v2/ names no registry: path-prefix mirrors (podman, skopeo) ask it
-                # before every pull, and skip the mirror unless it answers 200 or 401 — so one
-                # unreachable defaultRegistry must not make every other registry unusable
-                return web.json_response({}, headers=dict([API_VERSION]))
-        assert located.image is not None
-        read = classify(request, located.image, query, config)
-        registries = request.app[REGISTRIES]
-        if not settings.paced:  # a destination kuik owns (§4.3): straight through
-            return await stream(request, registries, host, _upstream(read, registries, None), ns)
-        outcome = request.app[PACER].admit(read)
-        if not isinstance(outcome, Answer | Go):
-            outcome = await outcome
-        if isinstance(outcome, Answer):
-            return answer_response(request, outcome, ns)
-        try:
-            timeout = _timeout(outcome, read, settings, request.app[PACER].loop.time())
-            upstream = _upstream(read, registries, timeout)
-            return await stream(request, registries, host, upstream, ns)
-        finally:
-            outcome.done()
+            response = await write_through(request, target, located.query)
+        elif located.image is None:  # the /v2/ ping
+            response = await ping(request, target, settings)
+        elif not settings.paced:  # a destination kuik owns (§4.3): straight through
+            read = classify(request, located.image, located.query, config)
+            operation, cache = read.operation.value, "miss"
+            response = await stream(request, registries, host, _upstream(read, registries), ns)
+        else:
+            read = classify(request, located.image, located.query, config)
+            operation, cache = read.operation.value, "miss"
+            pacer = request.app[PACER]
+            outcome = pacer.admit(read)
+            if isinstance(outcome, Answer):
+                cache = "hit"
+            elif not isinstance(outcome, Go):
+                held_since = pacer.loop.time()
+                outcome = await outcome
+                wait = pacer.loop.time() - held_since
+                request.app[METRICS].wait.labels(host, operation).observe(wait)
+            if isinstance(outcome, Answer):
+                response = answer_response(request, outcome, ns)
+            else:
+                try:
+                    timeout = _timeout(outcome, read, settings, pacer.loop.time())
+                    upstream = _upstream(read, registries, timeout)
+                    response = await stream(request, registries, host, upstream, ns)
+                finally:
+                    outcome.done()
     except RegistryError as error:
         log.debug("%s %s: %s", request.method, request.path[:200], error.message)
-        return error_response(error)
+        response = error_response(error)
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path[:200])
-        return web.json_response(
-            {"errors": [{"code": "UNKNOWN", "message": "internal error in kuikproxy"}]},
-            status=500,
-        )
+        response = error_response(InternalError("internal error in kuikproxy"))
+    finally:
+        code = "cancelled" if response is None else str(response.status)
+        request.app[METRICS].requests.labels(host, operation, code, cache).inc()
+    return response
 
 
 def _timeout(go: Go, read: RegistryRequest, settings: RegistrySettings, now: float) -> float | None:
@@ -144,16 +154,32 @@ async def write_through(
 
 
 def _upstream(
-    read: RegistryRequest, registries: Registries, timeout: float | None
+    read: RegistryRequest, registries: Registries, timeout: float | None = None
 ) -> UpstreamRequest:
     """The registry request for a read, built once it may go (not while it waits)."""
     return UpstreamRequest(read.method, read.url(registries.base(read.host)), read.headers, timeout)
 
 
 async def ping(
+    request: web.Request, target: Target, settings: RegistrySettings
+) -> web.StreamResponse:
+    """``/v2/``: unpaced, the registry's answer (200, or 401 and its challenge) kept 60 s.
+
+    A bare ``/v2/`` names no registry (it is ``defaultRegistry``'s): path-prefix mirrors
+    (podman, skopeo) ask it before every pull and skip the mirror unless it answers 200 or 401,
+    so when that registry cannot answer, kuikproxy does rather than make every other registry
+    unusable through the mirror."""
+    try:
+        return await _ping(request, target.host, settings, target.host if target.by_ns else None)
+    except RegistryError:
+        if not target.by_default:
+            raise
+        return web.json_response({}, headers=dict([API_VERSION]))
+
+
+async def _ping(
     request: web.Request, host: str, settings: RegistrySettings, ns: str | None
 ) -> web.StreamResponse:
-    """``/v2/``: unpaced, the upstream's answer (200, or 401 and its challenge) kept 60 s."""
     cache = request.app[PING_CACHE]
     now = request.app[PACER].loop.time()
     kept = cache.get(host)
@@ -182,6 +208,19 @@ async def not_found(request: web.Request) -> web.StreamResponse:
 
 async def healthz(request: web.Request) -> web.StreamResponse:
     return web.json_response({"status": "ok"})
+
+
+def _views(app: web.Application) -> tuple[dict[str, HostView], float]:
+    """Every host's snapshot now, and the offset from loop time to wall time."""
+    pacer = app[PACER]
+    now = pacer.loop.time()
+    return {host: s.view(now) for host, s in pacer.hosts.items()}, pacer.wall_offset
+
+
+async def metrics_page(request: web.Request) -> web.StreamResponse:
+    """``/metrics`` (SPEC §9), Prometheus text format."""
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def status(request: web.Request) -> web.StreamResponse:
@@ -214,7 +253,8 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
 
     async def start(app: web.Application) -> None:
         loop = asyncio.get_running_loop()
-        app[REGISTRIES] = Registries(config, upstream, loop.time, guard)
+        metrics = app[METRICS] = Metrics(lambda: _views(app))
+        app[REGISTRIES] = Registries(config, upstream, loop.time, guard, metrics.upstream_answered)
         app[PACER] = Pacer(config, app[REGISTRIES])
 
     async def stop(app: web.Application) -> None:
@@ -232,6 +272,7 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", healthz)
     app.router.add_get("/status", status)
+    app.router.add_get("/metrics", metrics_page)
     app.router.add_route("*", "/v2{tail:.*}", registry)
     app.router.add_route("*", "/{tail:.*}", not_found)
     return app

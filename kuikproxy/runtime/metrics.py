@@ -1,0 +1,144 @@
+"""Prometheus metrics (SPEC §9), on a registry of kuikproxy's own.
+
+Two kinds. The pacing state — ring sizes, laps, intervals, window outcomes, waiting requests,
+blocks — is the scheduler's, read at scrape time from its snapshots (:class:`PacingCollector`),
+never kept twice. Events — requests answered, upstream requests, waits — are counted as they
+happen (:class:`Metrics`).
+
+Three names are the pacing document's own, so its health query works unchanged::
+
+    kuik_check_cycle_duration_seconds / (kuik_check_ring_images * on(registry) group_left
+        kuik_registry_interval_seconds{operation="Check"})
+
+Labels are bounded: registries and resources, never an image reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kuikproxy.core.scheduler import HostView
+
+# waits range from a kept answer (none) through a window (seconds to minutes) to a lap (hours)
+WAIT_BUCKETS = (0.01, 0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600)
+Views = Callable[[], tuple[Mapping[str, HostView], float]]  # (views, wall − loop offset)
+
+
+class PacingCollector(Collector):
+    """The scheduler's state as metrics, read from its snapshots at each scrape."""
+
+    def __init__(self, views: Views) -> None:
+        self._views = views
+
+    def describe(self) -> list[Metric]:
+        """The families, without samples: what the registry checks names against."""
+        return list(_Families().all())
+
+    def collect(self) -> Iterator[Metric]:
+        views, wall_offset = self._views()
+        f = _Families()
+        for host, view in sorted(views.items()):
+            for series, name, held in (
+                (view.check, "Check", view.check_waiting),
+                (view.copy, "Copy", view.copy_waiting),
+            ):
+                f.interval.add_metric([host, name], series.interval)
+                f.waiting.add_metric([host, name.lower()], held)
+                for outcome, count in series.windows.items():
+                    f.windows.add_metric([host, name.lower(), outcome], count)
+            until = view.blocked_until
+            f.blocked.add_metric([host], 0.0 if until is None else until + wall_offset)
+            for ring in view.rings:
+                f.images.add_metric([ring.resource, host], ring.images)
+                if ring.cycle_duration is not None:
+                    f.lap.add_metric([ring.resource, host], ring.cycle_duration)
+        yield from f.all()
+
+
+class _Families:
+    """One scrape's families of the pacing state."""
+
+    def __init__(self) -> None:
+        self.lap = GaugeMetricFamily(
+            "kuik_check_cycle_duration_seconds",
+            "How long the last lap of a ring took (measured), per resource and registry.",
+            labels=["resource", "registry"],
+        )
+        self.images = GaugeMetricFamily(
+            "kuik_check_ring_images",
+            "How many images a resource's ring holds on a registry.",
+            labels=["resource", "registry"],
+        )
+        self.interval = GaugeMetricFamily(
+            "kuik_registry_interval_seconds",
+            "The interval between windows of a registry's series.",
+            labels=["registry", "operation"],
+        )
+        self.windows = CounterMetricFamily(
+            "kuik_registry_windows",
+            "Windows of a registry's series by what became of them (used, idle, busy, blocked).",
+            labels=["registry", "operation", "outcome"],
+        )
+        self.waiting = GaugeMetricFamily(
+            "kuik_proxy_waiting_requests",
+            "Requests held for a window.",
+            labels=["registry", "operation"],
+        )
+        self.blocked = GaugeMetricFamily(
+            "kuik_registry_blocked_until_timestamp_seconds",
+            "Until when the registry asked kuikproxy to stop (Unix time; 0: not blocked).",
+            labels=["registry"],
+        )
+
+    def all(self) -> Iterator[Metric]:
+        yield from (self.lap, self.images, self.interval, self.windows, self.waiting, self.blocked)
+
+
+class Metrics:
+    """kuikproxy's metrics registry and the event counters the runtime and edge update."""
+
+    def __init__(self, views: Views) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(PacingCollector(views))
+        self.requests = Counter(
+            "kuik_proxy_requests",
+            "Registry requests answered by kuikproxy; cache is hit (a kept answer), miss (read "
+            "upstream) or none (refused, or not a read).",
+            ["registry", "operation", "code", "cache"],
+            registry=self.registry,
+        )
+        self.wait = Histogram(
+            "kuik_proxy_wait_seconds",
+            "How long requests were held before their window released them.",
+            ["registry", "operation"],
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.upstream = Counter(
+            "kuik_registry_upstream_requests",
+            "Requests kuikproxy sent to registries, by their answer's status (or error).",
+            ["registry", "method", "code"],
+            registry=self.registry,
+        )
+        self.ratelimit_remaining = Gauge(
+            "kuik_registry_ratelimit_remaining",
+            "The registry's last ratelimit-remaining header (Docker Hub).",
+            ["registry"],
+            registry=self.registry,
+        )
+        self.config_reloads = Counter(
+            "kuik_proxy_config_reloads",
+            "Config reloads by result (ok, error).",
+            ["result"],
+            registry=self.registry,
+        )
+
+    def upstream_answered(self, host: str, method: str, code: str) -> None:
+        self.upstream.labels(host, method, code).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
