@@ -27,6 +27,7 @@ from kuikproxy.errors import (
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest, forwarded
 from kuikproxy.runtime.metrics import Metrics
 from kuikproxy.runtime.pacer import Pacer
+from kuikproxy.runtime.windowlog import WindowLog
 from kuikproxy.upstream.client import (
     AiohttpTransport,
     Transport,
@@ -53,6 +54,7 @@ REGISTRIES = web.AppKey("registries", Registries)
 PING_TTL = 60.0  # §4.1: a host's /v2/ answer is kept this long
 LOCATOR = web.AppKey("locator", Locator)
 METRICS = web.AppKey("metrics", Metrics)
+WINDOW_LOG = web.AppKey("window_log", WindowLog)
 PING_CACHE = web.AppKey("ping_cache", dict[str, tuple[float, Answer]])
 READ_METHODS = frozenset({"GET", "HEAD"})
 MAX_PING_BODY = 64 * 1024
@@ -247,6 +249,7 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
     app = web.Application()
     app[CONFIG] = config
     app[LOCATOR] = Locator(config)
+    app[WINDOW_LOG] = WindowLog()
     app[PING_CACHE] = {}
     guard = AddressGuard() if transport is None else None
     upstream = transport or AiohttpTransport(guard=guard)
@@ -256,6 +259,7 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
         metrics = app[METRICS] = Metrics(lambda: _views(app))
         app[REGISTRIES] = Registries(config, upstream, loop.time, guard, metrics.upstream_answered)
         app[PACER] = Pacer(config, app[REGISTRIES])
+        app[PACER].observers.append(app[WINDOW_LOG].observe)
 
     async def stop(app: web.Application) -> None:
         # on shutdown, before aiohttp waits for handlers: held requests are answered 503 now
