@@ -182,7 +182,7 @@ class AiohttpTransport:
                 raise Denied(str(e.os_error)) from e
             raise UpstreamUnreachable(f"{what}: {_reason(e)}") from e
         except TimeoutError as e:
-            raise UpstreamTimeout(f"{what}: no answer within {request.timeout}s") from e
+            raise UpstreamTimeout(f"{what}: {_no_answer(request.timeout)}") from e
         except (aiohttp.ClientError, OSError) as e:
             raise UpstreamUnreachable(f"{what}: {_reason(e)}") from e
         return _AiohttpResponse(response, what)
@@ -191,6 +191,12 @@ class AiohttpTransport:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _no_answer(timeout: float | None) -> str:
+    if timeout is None:
+        return f"no data for {STALL_TIMEOUT:g}s"
+    return f"no answer within {timeout:g}s"
 
 
 def _reason(error: BaseException) -> str:

@@ -152,12 +152,17 @@ class Registries:
         raise UpstreamUnreachable(f"{host}: more than {MAX_REDIRECTS} redirects")
 
     async def _send(self, host: str, request: UpstreamRequest) -> UpstreamResponse:
+        """One request on the wire: counted, and logged by method and path only — headers
+        (credentials) and queries (signed storage URLs) never reach a log."""
+        where = f"{request.url.host}{request.url.path}"
         try:
             response = await self.transport.send(request)
-        except RegistryError:
+        except RegistryError as error:
             self._observe(host, request.method, "error")
+            log.warning("%s: %s %s failed: %s", host, request.method, where, error.message)
             raise
         self._observe(host, request.method, str(response.status))
+        log.debug("%s: %s %s -> %d", host, request.method, where, response.status)
         return response
 
     def _trust_beside(self, host: str, named: URL) -> None:

@@ -225,6 +225,11 @@ async def metrics_page(request: web.Request) -> web.StreamResponse:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+async def status_schema(request: web.Request) -> web.StreamResponse:
+    """The JSON Schema of ``/status`` (SPEC §8), from the same pydantic models."""
+    return web.json_response(status_models.Status.model_json_schema(by_alias=True))
+
+
 async def status(request: web.Request) -> web.StreamResponse:
     """``/status`` (SPEC §8), narrowed by ``?resource=`` and ``?registry=``."""
     pacer = request.app[PACER]
@@ -276,6 +281,7 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", healthz)
     app.router.add_get("/status", status)
+    app.router.add_get("/status/schema", status_schema)
     app.router.add_get("/metrics", metrics_page)
     app.router.add_route("*", "/v2{tail:.*}", registry)
     app.router.add_route("*", "/{tail:.*}", not_found)

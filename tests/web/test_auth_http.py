@@ -182,3 +182,21 @@ async def test_blob_redirect_is_followed_without_authorization_to_another_origin
         (f"/storage/v2/private/app/blobs/{digest}", None)
     ]
     assert any(auth is not None for _, path, auth in fake.seen if "/blobs/" in path)
+
+
+async def test_logs_say_each_upstream_request_and_never_a_credential(
+    start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At debug, one line per upstream request (method, host, path, status) and per window;
+    no password, Authorization value or token ever reaches a log line."""
+    caplog.set_level("DEBUG", logger="kuikproxy")
+    client, fake = await start("file")
+    assert (await manifest(client, "private/app", "v1")).status == 200
+    token = next(iter(fake.tokens))  # alice's, as a client of her own would bring it
+    bearer = f"Bearer {token}"
+    assert (await manifest(client, "private/app", "v2", Authorization=bearer)).status == 200
+    text = "\n".join(record.getMessage() for record in caplog.records)
+    assert "/v2/private/app/manifests/v1 -> 200" in text
+    assert "check window" in text
+    secrets = ["s3cret", ALICE, ALICE.split()[1], *fake.tokens]
+    assert not [secret for secret in secrets if secret in text]
