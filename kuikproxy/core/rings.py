@@ -271,6 +271,29 @@ class Ring:
             entry.passed = now
         return None
 
+    # -- for people -----------------------------------------------------------------------------
+
+    def position(self, limit: int) -> int | None:
+        """Where the cursor is in the ring, for the status page's lap bar (never a decision):
+        how many of its images are at or before the cursor, 0 before the first turn.
+
+        A prefetch ring keeps its images in order and answers from that index, O(number of
+        chunks). A hold ring keeps no order (no decision needs one), so its images are counted
+        in one pass, without sorting, and only when there are at most ``limit`` of them: above
+        that the answer is None, so that a page never holds the event loop for long."""
+        cursor = self.cursor
+        if cursor is None:
+            return 0
+        if self._order is not None:
+            return self._order.rank(cursor) + (cursor in self._order)
+        if len(self._entries) > limit:
+            return None
+        return sum(image <= cursor for image in self._entries)
+
+    def waiting_requests(self) -> int:
+        """How many requests of this resource wait for a window: O(images waiting)."""
+        return sum(self._waiting.values())
+
     def due_before(self, image: str) -> int:
         """How many due images this resource's turns take before ``image`` (hold mode), for the
         ``Retry-After`` of a request held too long (P7): those after the cursor come first."""

@@ -461,6 +461,16 @@ class HostScheduler:
         tickets = self._check_tickets if operation is Operation.CHECK else self._copy_tickets
         return sum(len(t) for t in tickets.values())
 
+    def ring_progress(self, resource: str, limit: int) -> tuple[int | None, int]:
+        """For the status page, never a decision: where ``resource``'s cursor is in its ring on
+        this host (:meth:`Ring.position`, None for a hold ring over ``limit`` images) and how
+        many of its check requests wait here. Not part of :meth:`view`, which metrics scrapes
+        call: only the page pays for it."""
+        ring = self._rings.get(resource)
+        if ring is None:
+            return 0, 0
+        return ring.position(limit), ring.waiting_requests()
+
     def view(self, now: float) -> HostView:
         p = self.pacing
         copy = self._open_copy

@@ -113,7 +113,10 @@ class _Host:
         self.arm(operation)
         for observe in self.pacer.observers:
             observe(self.name, operation, result, now - result.at)
-        log.debug("%s %s window at %.3f: %s", self.name, operation, result.at, result.outcome)
+        log.debug(
+            "%s %s window: %s (%.1f ms late)",
+            self.name, operation, result.outcome, (now - result.at) * 1000,
+        )  # fmt: skip
         if result.read is not None:
             self.pacer.spawn(self.carry_out(result.read))
 

@@ -159,7 +159,7 @@ class Registries:
             response = await self.transport.send(request)
         except RegistryError as error:
             self._observe(host, request.method, "error")
-            log.warning("%s: %s %s failed: %s", host, request.method, where, error.message)
+            log.warning("%s: %s", host, error.message)  # the message names method and path
             raise
         self._observe(host, request.method, str(response.status))
         log.debug("%s: %s %s -> %d", host, request.method, where, response.status)
