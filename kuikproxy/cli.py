@@ -1,8 +1,9 @@
-"""The ``kuikproxy`` command (SPEC §7.1): ``serve`` and ``check-config``.
+"""The ``kuikproxy`` command (SPEC §7.1): ``serve``, ``check-config`` and ``status``.
 
-Exit codes: 0 success, 1 ``check-config`` found an invalid file, 2 usage errors and a ``serve``
-that cannot start because its config is invalid (argparse uses 2 for usage errors too, and both
-mean "fix how you invoked me", unlike a runtime failure).
+Exit codes: 0 success, 1 ``check-config`` found an invalid file or ``status`` could not reach
+kuikproxy, 2 usage errors and a ``serve`` that cannot start because its config is invalid
+(argparse uses 2 for usage errors too, and both mean "fix how you invoked me", unlike a runtime
+failure).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ EXIT_INVALID_CONFIG = 1
 """``check-config``: the file is invalid (every error was printed)."""
 EXIT_USAGE = 2
 """Bad arguments, or ``serve`` refused to start on an invalid config."""
+DEFAULT_STATUS_URL = "http://127.0.0.1:7439"
+"""Where ``status`` looks for kuikproxy: the embedded default's listen address."""
 
 
 def _version() -> str:
@@ -57,7 +60,34 @@ def _parser() -> argparse.ArgumentParser:
         "check-config", help="validate a config file and print the effective per-host settings"
     )
     check.add_argument("file", metavar="FILE")
+
+    status = commands.add_parser(
+        "status", help="print a running kuikproxy's /status as tables (registries, rings)"
+    )
+    status.add_argument(
+        "--url",
+        default=DEFAULT_STATUS_URL,
+        help=f"kuikproxy's address (default: {DEFAULT_STATUS_URL})",
+    )
+    status.add_argument("--watch", action="store_true", help="redraw the tables until Ctrl-C")
+    status.add_argument(
+        "--interval",
+        type=_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds between redraws with --watch (default: 2)",
+    )
     return parser
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0: {value!r}")
+    return seconds
 
 
 class _JSONFormatter(logging.Formatter):
@@ -114,6 +144,13 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace) -> int:
+    # Imported here: the other commands need none of it.
+    from kuikproxy.cli_status import run
+
+    return run(args.url, watch=args.watch, interval=args.interval)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     parser = _parser()
@@ -124,4 +161,6 @@ def main(argv: list[str] | None = None) -> int:
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     if args.command == "serve":
         return _serve(args)
+    if args.command == "status":
+        return _status(args)
     return _check_config(args)

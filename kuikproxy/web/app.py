@@ -43,6 +43,7 @@ from kuikproxy.web.classify import (
     classify,
 )
 from kuikproxy.web.oci import API_VERSION, error_response
+from kuikproxy.web.page import status_page
 from kuikproxy.web.proxying import ProxyRequests
 from kuikproxy.web.relay import answer_response, relocate, stream
 
@@ -280,6 +281,7 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
     app.router.register_resource(ProxyRequests())
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", healthz)
+    app.router.add_get("/", status_page)
     app.router.add_get("/status", status)
     app.router.add_get("/status/schema", status_schema)
     app.router.add_get("/metrics", metrics_page)
