@@ -42,6 +42,15 @@ from kuikproxy.web.classify import (
     Target,
     classify,
 )
+from kuikproxy.web.keys import (
+    CONFIG,
+    LOCATOR,
+    METRICS,
+    PACER,
+    PING_CACHE,
+    REGISTRIES,
+    WINDOW_LOG,
+)
 from kuikproxy.web.oci import API_VERSION, error_response
 from kuikproxy.web.page import status_page
 from kuikproxy.web.proxying import ProxyRequests
@@ -49,14 +58,7 @@ from kuikproxy.web.relay import answer_response, relocate, stream
 
 log = logging.getLogger(__name__)
 
-PACER = web.AppKey("pacer", Pacer)
-CONFIG = web.AppKey("config", Config)
-REGISTRIES = web.AppKey("registries", Registries)
 PING_TTL = 60.0  # §4.1: a host's /v2/ answer is kept this long
-LOCATOR = web.AppKey("locator", Locator)
-METRICS = web.AppKey("metrics", Metrics)
-WINDOW_LOG = web.AppKey("window_log", WindowLog)
-PING_CACHE = web.AppKey("ping_cache", dict[str, tuple[float, Answer]])
 READ_METHODS = frozenset({"GET", "HEAD"})
 MAX_PING_BODY = 64 * 1024
 

@@ -23,11 +23,13 @@ from aiohttp import web
 
 from kuikproxy.core.scheduler import HostView, Operation, SeriesView
 from kuikproxy.durations import format_duration
+from kuikproxy.web.keys import PACER, WINDOW_LOG
 
 REFRESH = 2
 """Seconds between reloads of the page."""
-POSITION_LIMIT = 20_000
-"""The largest hold ring whose cursor is placed (one pass over its images, ~2 ms)."""
+POSITION_BUDGET = 100_000
+"""How many hold-ring images one page may count to place cursors (~10 ms in all): past it,
+rings get no lap bar, so that a page never holds the event loop for long, however many rings."""
 SLOW_LAP = 1.5
 """A last lap more than this many times its best case is drawn as slow."""
 OUTCOMES = ("used", "idle", "busy", "blocked")
@@ -83,17 +85,18 @@ class Snapshot:
 
 def snapshot(app: web.Application) -> Snapshot:
     """Every host's view at one moment, with the window log and the rings' progress."""
-    from kuikproxy.web.app import PACER, WINDOW_LOG  # app.py imports this module
-
     pacer, log = app[PACER], app[WINDOW_LOG]
     now = pacer.loop.time()
     schedulers = pacer.hosts
     views = {host: scheduler.view(now) for host, scheduler in schedulers.items()}
     rings: list[RingRow] = []
     queues: dict[str, dict[str, int]] = {}
+    budget = POSITION_BUDGET
     for host, view in views.items():
         for ring in view.rings:
-            position, waiting = schedulers[host].ring_progress(ring.resource, POSITION_LIMIT)
+            position, waiting = schedulers[host].ring_progress(ring.resource, budget)
+            if position is not None:
+                budget -= ring.images  # an upper bound of what was counted
             rings.append(
                 RingRow(
                     resource=ring.resource,

@@ -1,0 +1,21 @@
+"""What the application holds, by typed key: one module that every handler module imports."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from kuikproxy.config import Config
+from kuikproxy.runtime.messages import Answer
+from kuikproxy.runtime.metrics import Metrics
+from kuikproxy.runtime.pacer import Pacer
+from kuikproxy.runtime.windowlog import WindowLog
+from kuikproxy.upstream.registries import Registries
+from kuikproxy.web.classify import Locator
+
+CONFIG = web.AppKey("config", Config)
+PACER = web.AppKey("pacer", Pacer)
+REGISTRIES = web.AppKey("registries", Registries)
+LOCATOR = web.AppKey("locator", Locator)
+METRICS = web.AppKey("metrics", Metrics)
+WINDOW_LOG = web.AppKey("window_log", WindowLog)
+PING_CACHE = web.AppKey("ping_cache", dict[str, tuple[float, Answer]])
