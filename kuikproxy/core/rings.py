@@ -155,7 +155,9 @@ class Ring:
             self.cycle_started = now
 
     def _end_lap(self, now: float) -> None:
-        if self.cycle_started is not None:
+        # a lap that starts and ends at one turn (everything was answered before the ring's
+        # first turn) measured nothing: it is no lap to report
+        if self.cycle_started is not None and now > self.cycle_started:
             self.cycle_duration = now - self.cycle_started
         self.cycle_started = now
         self._next_lap()

@@ -17,7 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -47,9 +53,9 @@ class PacingCollector(Collector):
                 (view.copy, "Copy", view.copy_waiting),
             ):
                 f.interval.add_metric([host, name], series.interval)
-                f.waiting.add_metric([host, name.lower()], held)
+                f.waiting.add_metric([host, name], held)
                 for outcome, count in series.windows.items():
-                    f.windows.add_metric([host, name.lower(), outcome], count)
+                    f.windows.add_metric([host, name, outcome], count)
             until = view.blocked_until
             f.blocked.add_metric([host], 0.0 if until is None else until + wall_offset)
             for ring in view.rings:
@@ -99,9 +105,15 @@ class _Families:
 
 
 class Metrics:
-    """kuikproxy's metrics registry and the event counters the runtime and edge update."""
+    """kuikproxy's metrics registry and the event counters the runtime and edge update.
+
+    The ``operation`` label is ``Check`` or ``Copy`` everywhere, as the pacing document spells
+    it. No ``*_created`` series: they would double every labelled counter for a start time
+    nobody queries (a process-wide switch of prometheus-client's; kuikproxy owns its process).
+    """
 
     def __init__(self, views: Views) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(PacingCollector(views))
         self.requests = Counter(
@@ -122,18 +134,6 @@ class Metrics:
             "kuik_registry_upstream_requests",
             "Requests kuikproxy sent to registries, by their answer's status (or error).",
             ["registry", "method", "code"],
-            registry=self.registry,
-        )
-        self.ratelimit_remaining = Gauge(
-            "kuik_registry_ratelimit_remaining",
-            "The registry's last ratelimit-remaining header (Docker Hub).",
-            ["registry"],
-            registry=self.registry,
-        )
-        self.config_reloads = Counter(
-            "kuik_proxy_config_reloads",
-            "Config reloads by result (ok, error).",
-            ["result"],
             registry=self.registry,
         )
 

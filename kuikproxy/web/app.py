@@ -89,11 +89,11 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
             response = await ping(request, target, settings)
         elif not settings.paced:  # a destination kuik owns (§4.3): straight through
             read = classify(request, located.image, located.query, config)
-            operation, cache = read.operation.value, "miss"
+            operation, cache = read.operation.value.capitalize(), "miss"
             response = await stream(request, registries, host, _upstream(read, registries), ns)
         else:
             read = classify(request, located.image, located.query, config)
-            operation, cache = read.operation.value, "miss"
+            operation, cache = read.operation.value.capitalize(), "miss"
             pacer = request.app[PACER]
             outcome = pacer.admit(read)
             if isinstance(outcome, Answer):

@@ -164,3 +164,19 @@ def test_p5_request_answered_behind_the_cursor_waits_one_lap_and_is_never_starve
     assert t.read_keys()[2:3] == ["app:a"], t.read_keys()
     assert not t.held
     assert t.ring_view("b").cycle_duration == 120.0  # 60 → 180, not a one-window lap
+
+
+def test_p6_a_lap_that_starts_and_ends_at_one_turn_is_not_measured() -> None:
+    """A resource answered everything by another's read before its first turn: its first turn
+    starts a lap and wraps at once. That lap measured nothing; cycleDuration is not 0."""
+    t = Timeline.start(check_interval=60.0)
+    t.ask("web", "app:v1", 0.0)
+    t.ask("batch", "app:v1", 0.0)
+    t.window()  # 60: one read answers both (R2)
+    t.ask("web", "app:v1", 61.0)  # web asks again: due in its next lap
+    t.ask("batch", "app:v1", 61.0)
+    t.window()  # 120
+    t.window()  # 180
+    for resource in ("web", "batch"):
+        duration = t.ring_view(resource).cycle_duration
+        assert duration is None or duration > 0, resource

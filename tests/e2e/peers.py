@@ -7,6 +7,7 @@
 * :func:`build_image` / :func:`push_image` — a small multi-arch OCI image, pushed with the plain
   registry HTTP API; :class:`SeededImage` holds every digest for comparisons.
 * :class:`Kuikproxy` — ``python -m kuikproxy serve --config FILE`` as a subprocess.
+* :class:`Prometheus` — Debian's ``prometheus`` scraping loopback targets, queried over its API.
 
 Everything listens on 127.0.0.1 on a port the kernel picked, writes under a directory the caller
 owns, and is stopped by ``stop()`` (each class is also a context manager).
@@ -893,6 +894,71 @@ class Containerd:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# --- prometheus -----------------------------------------------------------------------------
+
+
+class Prometheus(LoopbackServer):
+    """Debian's ``prometheus`` on 127.0.0.1 with a config of the caller's (``config``, a dict
+    written to ``workdir``) and its TSDB under ``workdir``: never the package's default config,
+    which scrapes other things. Every scrape target must be on 127.0.0.1. ``query(expr)``
+    evaluates PromQL through the HTTP API (``/api/v1/query``); ``api(path)`` reads any other
+    endpoint (``/api/v1/alerts``...)."""
+
+    binary = "prometheus"
+    log_name = "prometheus.log"
+    health = "/-/ready"
+
+    def __init__(self, workdir: Path, config: Mapping[str, Any]) -> None:
+        super().__init__(workdir)
+        self.settings = dict(config)
+        for job in self.settings.get("scrape_configs", []):
+            for group in job.get("static_configs", []):
+                for target in group.get("targets", []):
+                    if not str(target).startswith(f"{LOOPBACK}:"):
+                        raise ValueError(f"{target}: a test Prometheus scrapes loopback only")
+
+    def launch(self) -> subprocess.Popen[bytes]:
+        config_file = self.workdir / "prometheus.yml"
+        config_file.write_text(yaml.safe_dump(self.settings))
+        return spawn(
+            [
+                self.binary,
+                f"--config.file={config_file}",
+                f"--web.listen-address={self.host_port}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+            ],
+            self.log_file,
+        )
+
+    def start(self) -> Self:
+        """Started once ``/-/ready`` says 200 (it answers 503 while the TSDB opens)."""
+        super().start()
+        deadline = time.monotonic() + 20
+        while http(self.url + self.health, timeout=1)[0] != 200:
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"prometheus not ready in 20s:\n{tail(self.log_file)}")
+            time.sleep(0.05)
+        return self
+
+    def api(self, path: str, **params: str) -> Any:
+        """The ``data`` of a successful API answer (raises with Prometheus's error otherwise)."""
+        query = "?" + urllib.parse.urlencode(params) if params else ""
+        status, _, body = http(f"{self.url}{path}{query}", timeout=5)
+        answer = json.loads(body)
+        if status != 200 or answer.get("status") != "success":
+            raise RuntimeError(f"{path} {params}: {status} {body[:500]!r}")
+        return answer["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant vector ``expr`` evaluated now: ``[{"metric": {...}, "value": [t, "v"]}]``."""
+        data = self.api("/api/v1/query", query=expr)
+        if data["resultType"] != "vector":
+            raise RuntimeError(f"{expr}: a {data['resultType']}, not a vector")
+        result: list[dict[str, Any]] = data["result"]
+        return result
 
 
 # --- examples and pacing --------------------------------------------------------------------

@@ -39,18 +39,18 @@ async def test_s9_metrics_expose_laps_rings_intervals_windows_and_requests(
     assert value("kuik_registry_interval_seconds", registry=HOST, operation="Check") == 0.2
     assert value("kuik_registry_interval_seconds", registry=HOST, operation="Copy") == 300
     assert (
-        value("kuik_registry_windows_total", registry=HOST, operation="check", outcome="used") == 6
+        value("kuik_registry_windows_total", registry=HOST, operation="Check", outcome="used") == 6
     )
-    assert value("kuik_proxy_waiting_requests", registry=HOST, operation="check") == 0
+    assert value("kuik_proxy_waiting_requests", registry=HOST, operation="Check") == 0
     assert (
         value(
-            "kuik_proxy_requests_total", registry=HOST, operation="check", code="200", cache="hit"
+            "kuik_proxy_requests_total", registry=HOST, operation="Check", code="200", cache="hit"
         )
         == 1
     )
     assert (
         value(
-            "kuik_proxy_requests_total", registry=HOST, operation="check", code="200", cache="miss"
+            "kuik_proxy_requests_total", registry=HOST, operation="Check", code="200", cache="miss"
         )
         == 6
     )
@@ -59,6 +59,6 @@ async def test_s9_metrics_expose_laps_rings_intervals_windows_and_requests(
         == 6
     )
     assert value("kuik_registry_blocked_until_timestamp_seconds", registry=HOST) == 0
-    assert value("kuik_proxy_wait_seconds_count", registry=HOST, operation="check") == 6
+    assert value("kuik_proxy_wait_seconds_count", registry=HOST, operation="Check") == 6
     label_values = {v for _, labels in samples for _, v in labels}
     assert not [v for v in label_values if v.startswith("app") or (":" in v and "/" in v)]
