@@ -16,11 +16,10 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from kuikproxy.core.rings import SLOW_LAP, lap_ratio
 from kuikproxy.durations import parse_duration
 
 TIMEOUT = 5.0
-SLOW_LAP = 1.5
-"""A lap ratio above this is flagged (in red on a terminal), as on the status page."""
 CLEAR = "\x1b[H\x1b[2J"
 RED, RESET = "\x1b[31;1m", "\x1b[0m"
 MAX_CELL = 60
@@ -105,12 +104,12 @@ def _at(value: str | None, now: datetime) -> str:
     return f"{clock} ({_span(-delta)} ago)"
 
 
-def lap_ratio(ring: Document, check_interval: str | None) -> float | None:
-    """cycleDuration / (images × check interval): the pacing document's "Watching the pace"."""
-    if ring.get("cycleDuration") is None or not ring.get("images") or check_interval is None:
+def ring_ratio(ring: Document, check_interval: str | None) -> float | None:
+    """The ring's :func:`~kuikproxy.core.rings.lap_ratio`, from /status's Go durations."""
+    if ring.get("cycleDuration") is None or check_interval is None:
         return None
-    best = ring["images"] * parse_duration(check_interval)
-    return parse_duration(ring["cycleDuration"]) / best if best else None
+    duration = parse_duration(ring["cycleDuration"])
+    return lap_ratio(duration, int(ring.get("images") or 0), parse_duration(check_interval))
 
 
 def render(document: Document, now: datetime, color: bool = False) -> str:
@@ -142,7 +141,7 @@ def render(document: Document, now: datetime, color: bool = False) -> str:
     for resource, entry in sorted(document.get("resources", {}).items()):
         for ring in entry["checks"]["registries"]:
             interval = registries.get(ring["registry"], {}).get("check", {}).get("interval")
-            ratio = lap_ratio(ring, interval)
+            ratio = ring_ratio(ring, interval)
             shown = "-" if ratio is None else f"x{ratio:.2f}"
             if ratio is not None and round(ratio, 2) > SLOW_LAP:
                 shown = f"{RED}{shown}{RESET}" if color else f"{shown} !"

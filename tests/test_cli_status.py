@@ -19,7 +19,7 @@ import pytest
 
 from kuikproxy import cli_status
 from kuikproxy.cli import main
-from kuikproxy.cli_status import CLEAR, lap_ratio, render, run
+from kuikproxy.cli_status import CLEAR, render, ring_ratio, run
 from tests.conftest import HOST, ProxyFactory, head
 from tests.upstream_app import Registry
 
@@ -72,7 +72,7 @@ async def test_status_prints_the_same_rings_as_the_status_document(
     assert host_row.split()[1:3] == ["50ms", "hold"]
     intervals = {host: r["check"]["interval"] for host, r in document["registries"].items()}
     ratios = sorted(
-        f"x{lap_ratio(ring, intervals[ring['registry']]):.2f}"
+        f"x{ring_ratio(ring, intervals[ring['registry']]):.2f}"
         for resource in document["resources"].values()
         for ring in resource["checks"]["registries"]
     )

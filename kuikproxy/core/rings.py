@@ -44,6 +44,18 @@ from kuikproxy.core.sortedset import SortedSet
 
 SharedReads = Callable[[str], float | None]
 
+SLOW_LAP = 1.5
+"""A lap this many times its best case, or more, is slow (the example alert's threshold)."""
+
+
+def lap_ratio(cycle_duration: float | None, images: int, interval: float) -> float | None:
+    """How much longer than its best case a ring's last lap took: ``cycleDuration / (images ×
+    check.interval)``, the pacing document's "Watching the pace" (None before a lap). Above 1,
+    the ring shares its host or loses windows."""
+    if cycle_duration is None or not images or not interval:
+        return None
+    return cycle_duration / (images * interval)
+
 
 class _Entry:
     """What a ring knows of one image."""

@@ -21,6 +21,7 @@ from html import escape
 
 from aiohttp import web
 
+from kuikproxy.core.rings import SLOW_LAP, lap_ratio
 from kuikproxy.core.scheduler import HostView, Operation, SeriesView
 from kuikproxy.durations import format_duration
 from kuikproxy.web.keys import PACER, WINDOW_LOG
@@ -30,8 +31,6 @@ REFRESH = 2
 POSITION_BUDGET = 100_000
 """How many hold-ring images one page may count to place cursors (~10 ms in all): past it,
 rings get no lap bar, so that a page never holds the event loop for long, however many rings."""
-SLOW_LAP = 1.5
-"""A last lap more than this many times its best case is drawn as slow."""
 OUTCOMES = ("used", "idle", "busy", "blocked")
 OUTCOME_COLORS = {
     "used": "#2f9e44",
@@ -63,10 +62,7 @@ class RingRow:
 
     @property
     def ratio(self) -> float | None:
-        """The last lap against its best case (images × check interval), None before a lap."""
-        if self.cycle_duration is None or not self.images or not self.check_interval:
-            return None
-        return self.cycle_duration / (self.images * self.check_interval)
+        return lap_ratio(self.cycle_duration, self.images, self.check_interval)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ import random
 
 from timeline import Timeline, images
 
+from kuikproxy.core.rings import lap_ratio
 from kuikproxy.core.scheduler import Hold
 from kuikproxy.core.windows import Outcome
 
@@ -180,3 +181,11 @@ def test_p6_a_lap_that_starts_and_ends_at_one_turn_is_not_measured() -> None:
     for resource in ("web", "batch"):
         duration = t.ring_view(resource).cycle_duration
         assert duration is None or duration > 0, resource
+
+
+def test_p6_lap_ratio_is_the_last_lap_against_its_best_case() -> None:
+    """cycleDuration / (images × interval): 1 alone, 2 sharing evenly, None before a lap."""
+    assert lap_ratio(3600.0, 60, 60.0) == 1.0
+    assert lap_ratio(7200.0, 60, 60.0) == 2.0
+    assert lap_ratio(None, 60, 60.0) is None
+    assert lap_ratio(60.0, 0, 60.0) is None
