@@ -1,6 +1,22 @@
 """The kuikproxy configuration (SPEC §7): models, loading, and the ``check-config`` text."""
 
 from kuikproxy.config.describe import describe
+from kuikproxy.config.flow import (
+    BUILTIN_FLOW_SCHEMAS,
+    BUILTIN_PRIORITY_LEVELS,
+    ExemptPriorityLevelConfiguration,
+    FlowControl,
+    FlowDistinguisherMethod,
+    FlowRule,
+    FlowSchema,
+    HeaderMatch,
+    LimitedPriorityLevelConfiguration,
+    LimitResponse,
+    Operation,
+    PriorityLevel,
+    PriorityLevelReference,
+    QueuingConfiguration,
+)
 from kuikproxy.config.loading import (
     EMBEDDED_DEFAULT_SOURCE,
     build_config,
@@ -22,17 +38,45 @@ from kuikproxy.config.models import (
     normalize_host,
     validate_host,
 )
+from kuikproxy.config.quotas import (
+    QUOTA_PRESETS,
+    QuotaBucket,
+    QuotaCategory,
+    QuotaPreset,
+    QuotaScope,
+    QuotaSettings,
+)
 
 __all__ = [
+    "BUILTIN_FLOW_SCHEMAS",
+    "BUILTIN_PRIORITY_LEVELS",
     "DOCKER_HUB",
     "DOCKER_HUB_UPSTREAM",
     "EMBEDDED_DEFAULT_SOURCE",
     "PUBLIC_REGISTRIES",
+    "QUOTA_PRESETS",
     "CacheSettings",
     "CheckSettings",
     "Config",
     "CopySettings",
     "Credentials",
+    "ExemptPriorityLevelConfiguration",
+    "FlowControl",
+    "FlowDistinguisherMethod",
+    "FlowRule",
+    "FlowSchema",
+    "HeaderMatch",
+    "LimitResponse",
+    "LimitedPriorityLevelConfiguration",
+    "Operation",
+    "PriorityLevel",
+    "PriorityLevelReference",
+    "QueuingConfiguration",
+    "QuotaBucket",
+    "QuotaCategory",
+    "QuotaPreset",
+    "QuotaScope",
+    "QuotaSettings",
     "RegistrySettings",
     "StateSettings",
     "TLSSettings",

@@ -2,12 +2,24 @@
 
 What an operator needs is what each host will *actually* run with once ``default`` is merged
 in, so every configured host is printed in full, then the default that every other host gets.
-Credentials are shown by where they come from (file paths), never by content (R5).
+Credentials are shown by where they come from (file paths), never by content (R5). Flow control
+is shown as the effective levels and schemas (the built-in baseline with the file's on top, each
+marked built-in or replacing one) in matching order; seat counts (NominalCL...) depend on the
+running set of levels and are in ``/status``, not here.
 """
 
 from __future__ import annotations
 
+from kuikproxy.config.flow import (
+    BUILTIN_FLOW_SCHEMAS,
+    BUILTIN_PRIORITY_LEVELS,
+    FlowControl,
+    FlowRule,
+    FlowSchema,
+    PriorityLevel,
+)
 from kuikproxy.config.models import DEFAULT_BLOCK, Config, RegistrySettings
+from kuikproxy.config.quotas import QUOTA_PRESETS, QuotaSettings
 from kuikproxy.durations import format_duration
 
 __all__ = ["describe"]
@@ -54,6 +66,96 @@ def _registry(title: str, host: str | None, settings: RegistrySettings) -> list[
     if tls.insecure_skip_verify:
         tls_parts.append("INSECURE: certificate not verified")
     lines.append(f"  tls: {', '.join(tls_parts)}")
+    lines.extend(_quota(settings.quota))
+    return lines
+
+
+def _quota(quota: QuotaSettings) -> list[str]:
+    if quota.preset is None and not quota.buckets:
+        return ["  quota: none"]
+    head = "  quota: " + (f"preset {quota.preset}" if quota.preset else "no preset")
+    if quota.learns_from_headers:
+        head += " (manifest GETs per identity, limit read from ratelimit headers)"
+    lines = [head]
+    preset = QUOTA_PRESETS[quota.preset] if quota.preset else ()
+    for bucket in quota.buckets:
+        origin = "" if bucket in preset else " (explicit)"
+        lines.append(
+            f"    {bucket.category} per {bucket.scope}: {bucket.rate_per_minute:g}/min, "
+            f"burst {bucket.burst}{origin}"
+        )
+    return lines
+
+
+def _origin(item: PriorityLevel | FlowSchema) -> str:
+    builtins: tuple[PriorityLevel | FlowSchema, ...] = (
+        BUILTIN_PRIORITY_LEVELS if isinstance(item, PriorityLevel) else BUILTIN_FLOW_SCHEMAS
+    )
+    for builtin in builtins:
+        if builtin.name == item.name:
+            return " (built-in)" if builtin == item else " (replaces the built-in)"
+    return ""
+
+
+def _level(level: PriorityLevel) -> str:
+    text = f"    {level.name}{_origin(level)}: {level.type}"
+    if level.exempt is not None:
+        exempt = level.exempt
+        return (
+            f"{text}, nominalConcurrencyShares {exempt.nominal_concurrency_shares}, "
+            f"lendablePercent {exempt.lendable_percent}"
+        )
+    if level.limited is None:  # unreachable once validated
+        return text
+    limited = level.limited
+    borrowing = limited.borrowing_limit_percent
+    text += (
+        f", nominalConcurrencyShares {limited.nominal_concurrency_shares}, "
+        f"lendablePercent {limited.lendable_percent}, borrowingLimitPercent "
+        f"{'unlimited' if borrowing is None else borrowing}, "
+        f"{limited.limit_response.type}"
+    )
+    queuing = limited.limit_response.queuing
+    if queuing is not None:
+        text += (
+            f" (queues {queuing.queues}, handSize {queuing.hand_size}, "
+            f"queueLengthLimit {queuing.queue_length_limit})"
+        )
+    return text
+
+
+def _rule(rule: FlowRule) -> str:
+    parts = []
+    if rule.operations:
+        parts.append("operation " + " or ".join(rule.operations))
+    if rule.resources:
+        parts.append("resource " + " or ".join(rule.resources))
+    if rule.hosts:
+        parts.append("host " + " or ".join(rule.hosts))
+    if rule.user_agents:
+        parts.append("user agent " + " or ".join(rule.user_agents))
+    parts.extend(f"header {h.name}: {' or '.join(h.values)}" for h in rule.headers)
+    return " and ".join(parts) or "every request"
+
+
+def _schema(schema: FlowSchema) -> list[str]:
+    method = schema.distinguisher_method
+    return [
+        f"    {schema.name}{_origin(schema)}: precedence {schema.matching_precedence} "
+        f"→ {schema.priority_level}, distinguisher {method.type if method else 'none'}",
+        *(f"      when {_rule(rule)}" for rule in schema.rules),
+    ]
+
+
+def _flow_control(flow: FlowControl) -> list[str]:
+    lines = [
+        f"flowControl: serverConcurrencyLimit {flow.server_concurrency_limit}",
+        "  priorityLevels:",
+        *(_level(level) for level in flow.priority_levels),
+        "  flowSchemas (tried in this order, the first match wins):",
+    ]
+    for schema in flow.flow_schemas:
+        lines.extend(_schema(schema))
     return lines
 
 
@@ -71,6 +173,8 @@ def describe(config: Config) -> str:
         f"cache: maxAge {format_duration(config.cache.max_age)}, "
         f"maxEntries {config.cache.max_entries}, maxBytes {_size(config.cache.max_bytes)}",
         f"state: {config.state.path or 'in memory (lost on restart)'}",
+        "",
+        *_flow_control(config.flow_control),
     ]
     for name in config.configured_hosts():
         lines.append("")

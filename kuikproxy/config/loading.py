@@ -1,8 +1,10 @@
 """Reading a config file into a :class:`~kuikproxy.config.models.Config` (SPEC §7).
 
 The one rule that pydantic cannot express alone is the ``default`` block: it is merged *under*
-each host's block (the host's keys win, nested blocks merge key by key) before that host is
-validated, so ``docker.io: {check: {interval: 30s}}`` keeps the default ``check.timeout``.
+each host's block (the host's keys win, nested blocks merge key by key, lists are replaced whole)
+before that host is validated, so ``docker.io: {check: {interval: 30s}}`` keeps the default
+``check.timeout``, and ``docker.io: {quota: {buckets: [...]}}`` keeps the default
+``quota.preset``.
 
 Every problem is collected and reported at once as ``"path: reason"`` lines, with the keys as
 written in the file, so an operator fixes a file in one pass rather than one error per run.
@@ -17,6 +19,7 @@ from typing import Any
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
+from kuikproxy.config.base import NestedErrors, format_path
 from kuikproxy.config.models import (
     DEFAULT_BLOCK,
     Config,
@@ -238,18 +241,21 @@ def _format(error: ValidationError, prefix: tuple[str, ...]) -> list[str]:
     """One ``"path: reason"`` line per pydantic error, paths with the YAML key names."""
     lines = []
     for item in error.errors():
-        path = ""
-        for part in (*prefix, *item["loc"]):
-            if isinstance(part, int) and path:
-                path += f"[{part}]"
-            else:
-                path += f".{part}" if path else str(part)
-        lines.append(f"{path or '<top level>'}: {_reason(item)}")
+        loc = (*prefix, *item["loc"])
+        nested = item.get("ctx", {}).get("error")
+        if item["type"] == "value_error" and isinstance(nested, NestedErrors):
+            # One model-level check, several problems each at its own path below the model.
+            for sub, reason in nested.problems:
+                lines.append(f"{format_path((*loc, *sub))}: {reason}")
+            continue
+        lines.append(f"{format_path(loc) or '<top level>'}: {_reason(item)}")
     return lines
 
 
 def _reason(item: Any) -> str:
     kind = item["type"]
+    if kind == "missing":
+        return "required"
     if kind == "value_error":
         # Our own validators' messages, without pydantic's "Value error, " prefix.
         return str(item["ctx"]["error"])

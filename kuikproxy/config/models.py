@@ -7,6 +7,8 @@ Dataclasses keep the attribute names of the SPEC and are frozen and compared by 
 Every model refuses unknown keys and is written in YAML with the camelCase names of SPEC §7
 (``maxHold``); in Python the snake_case attribute names work as keyword arguments too. Durations
 are ``float`` seconds, accepted as Go-style strings or numbers (:mod:`kuikproxy.durations`).
+Flow control (§10) lives in :mod:`kuikproxy.config.flow`, registry quotas (§11) in
+:mod:`kuikproxy.config.quotas`.
 
 Objects built here directly (tests, code) are validated field by field, but the cross-host rules
 (the ``default`` block merged under each host, host keys normalised, ``defaultRegistry`` allowed)
@@ -23,10 +25,13 @@ from functools import lru_cache
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator
 from pydantic import model_validator as _model_validator
 from pydantic.dataclasses import dataclass
 
+from kuikproxy.config.base import MODEL_CONFIG, camel
+from kuikproxy.config.flow import FlowControl
+from kuikproxy.config.quotas import QuotaSettings
 from kuikproxy.core.images import DOCKER_HUB, normalize_host
 from kuikproxy.durations import parse_duration, parse_size
 
@@ -40,6 +45,8 @@ __all__ = [
     "Config",
     "CopySettings",
     "Credentials",
+    "FlowControl",
+    "QuotaSettings",
     "RegistrySettings",
     "StateSettings",
     "TLSSettings",
@@ -68,18 +75,7 @@ PUBLIC_REGISTRIES: tuple[str, ...] = (
 """``allowedHosts`` when the config does not set it (SPEC §3.1)."""
 
 
-def camel(name: str) -> str:
-    """The YAML key of a field: ``max_hold`` → ``maxHold``; a camelCase name is kept as is."""
-    head, *rest = name.split("_")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)
-
-
-_MODEL_CONFIG = ConfigDict(
-    extra="forbid",
-    # YAML keys are camelCase; populate_by_name lets Python callers use the attribute names.
-    alias_generator=camel,
-    populate_by_name=True,
-)
+_MODEL_CONFIG = MODEL_CONFIG
 
 
 _LABEL = r"[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?"
@@ -262,6 +258,8 @@ class RegistrySettings:
     """kuikproxy's own credentials for this host; unset means anonymous or the client's own."""
     tls: TLSSettings = Field(default_factory=TLSSettings)
     """Verification of the upstream's certificate."""
+    quota: QuotaSettings = Field(default_factory=QuotaSettings)
+    """What the registry rations (SPEC §11); the empty default rations nothing."""
 
     def upstream_url(self, host: str) -> str:
         """The base URL of ``host``'s registry API, without a trailing slash."""
@@ -328,6 +326,9 @@ class Config:
     """Persistence of pacing state."""
     registries: Mapping[str, RegistrySettings] = Field(default_factory=dict)
     """Effective settings per normalised host, plus ``default``."""
+    flow_control: FlowControl = Field(default_factory=FlowControl)
+    """Priority levels and flow schemas in effect (SPEC §10): the built-in baseline when the
+    file has no ``flowControl``, with the configured ones on top when it has."""
 
     @field_validator("listen")
     @classmethod

@@ -29,6 +29,13 @@ def test_check_config_valid(capsys: pytest.CaptureFixture[str]) -> None:
     assert "copy: interval 5m0s, timeout none, idle 5s" in out
     # Credentials are shown by file, never read.
     assert "passwordFile /secrets/dockerhub/token" in out
+    # Flow control and quotas, as they will run.
+    assert "\nflowControl: serverConcurrencyLimit 64\n" in out
+    assert "    monitoring: Limited, nominalConcurrencyShares 10, lendablePercent 50" in out
+    assert "    image-monitors: precedence 500 → monitoring, distinguisher ByResource\n" in out
+    assert "  quota: preset dockerhub-authenticated" in out
+    assert "    DataplaneRead per identity: 1000/min, burst 20 (explicit)\n" in out
+    assert "  quota: none\n" in out
 
 
 def test_check_config_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

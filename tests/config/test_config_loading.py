@@ -11,6 +11,9 @@ from kuikproxy.config import (
     CheckSettings,
     CopySettings,
     Credentials,
+    QueuingConfiguration,
+    QuotaBucket,
+    QuotaSettings,
     TLSSettings,
     load_config,
     parse_config,
@@ -185,13 +188,13 @@ def test_two_errors_in_one_block() -> None:
     ("text", "error"),
     [
         ("quota: {}", "quota: unknown key"),
-        ("flowControl: {}", "flowControl: unknown key"),
+        ("flowControl: {priorityLevel: []}", "flowControl.priorityLevel: unknown key"),
         ("fleet: {}", "fleet: unknown key"),
         ("forwardProxy: {}", "forwardProxy: unknown key"),
         ("cache: {maxAgee: 1h}", "cache.maxAgee: unknown key"),
         (
-            "registries: {docker.io: {quota: {preset: dockerhub-authenticated}}}",
-            "registries.docker.io.quota: unknown key",
+            "registries: {docker.io: {quota: {presets: dockerhub-authenticated}}}",
+            "registries.docker.io.quota.presets: unknown key",
         ),
         (
             "registries: {default: {check: {every: 1m}}}",
@@ -200,7 +203,7 @@ def test_two_errors_in_one_block() -> None:
     ],
 )
 def test_unknown_keys(text: str, error: str) -> None:
-    """Unknown keys (including later issues' quota/flowControl/fleet/forwardProxy) are refused."""
+    """Unknown keys are refused: top-level quota (it is per host), fleet, forwardProxy, typos."""
     assert errors_of(text) == [error]
 
 
@@ -355,3 +358,70 @@ def test_example_config_loads() -> None:
     internal = config.registry("registry.internal:5000")
     assert internal.paced is False
     assert internal.upstream_url("registry.internal:5000") == "http://registry.internal:5000"
+
+
+def test_example_config_quota_and_flow_control() -> None:
+    """examples/config.yaml sets quotas and flow control, on top of the built-in baseline."""
+    config = load_config(EXAMPLE)
+    docker = config.registry("docker.io").quota
+    assert (docker.preset, docker.buckets, docker.learns_from_headers) == (
+        "dockerhub-authenticated",
+        (),
+        True,
+    )
+    assert config.registry("ghcr.io").quota == QuotaSettings(
+        buckets=(QuotaBucket("DataplaneRead", "identity", 1000.0, 20),)
+    )
+    assert config.registry("registry.internal:5000").quota == QuotaSettings()
+    flow = config.flow_control
+    assert flow.server_concurrency_limit == 64
+    assert [level.name for level in flow.priority_levels] == [
+        "exempt",
+        "checks",
+        "copies",
+        "catch-all",
+        "monitoring",
+    ]
+    monitoring = flow.level("monitoring").limited
+    assert monitoring is not None
+    assert monitoring.nominal_concurrency_shares == 10
+    assert monitoring.lendable_percent == 50
+    assert monitoring.borrowing_limit_percent == 100
+    assert monitoring.limit_response.queuing == QueuingConfiguration(64, 8, 500)
+    assert [s.name for s in flow.flow_schemas] == [
+        "exempt",
+        "image-monitors",
+        "checks",
+        "copies",
+        "catch-all",
+    ]
+    match = flow.match(resource="ImageMonitor/default/web", host="docker.io", operation="check")
+    assert match is not None
+    assert match.priority_level == "monitoring"
+
+
+def test_example_config_commented_examples_are_valid(tmp_path: Path) -> None:
+    """The commented-out ACR host and `checks` override in the example load when uncommented."""
+    text = EXAMPLE.read_text()
+    for block in ("  # myregistry.azurecr.io:\n", "    # - name: checks\n"):
+        head, sep, rest = text.partition(block)
+        assert sep, block
+        indent = block[: block.index("#")]
+        lines = (block + rest).split("\n")
+        taken = []
+        for line in lines:
+            if not line.startswith(indent + "#"):
+                break
+            taken.append(indent + line[len(indent) + 2 :])
+        text = head + "\n".join(taken + lines[len(taken) :])
+    path = tmp_path / "uncommented.yaml"
+    path.write_text(text)
+    config = load_config(path)
+    acr = config.registry("myregistry.azurecr.io").quota
+    assert acr.preset == "acr-standard"
+    assert acr.bucket("DataplaneRead", "identity") == QuotaBucket(
+        "DataplaneRead", "identity", 2500.0, 42
+    )
+    checks = config.flow_control.level("checks").limited
+    assert checks is not None
+    assert checks.limit_response.queuing == QueuingConfiguration(64, 8, 5000)

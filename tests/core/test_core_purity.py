@@ -36,7 +36,7 @@ def test_core_imports_no_clock_no_loop_no_outer_layer() -> None:
     """No core module imports asyncio, aiohttp, a clock, prometheus or an outer layer."""
     offenders = {
         f"{path.name}: {name}"
-        for path in CORE.glob("*.py")
+        for path in CORE.rglob("*.py")
         for name in _imports(path)
         if any(name == f or name.startswith(f + ".") for f in FORBIDDEN)
     }
