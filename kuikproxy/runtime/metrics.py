@@ -137,8 +137,10 @@ class Metrics:
             registry=self.registry,
         )
 
-    def upstream_answered(self, host: str, method: str, code: str) -> None:
-        self.upstream.labels(host, method, code).inc()
+    def upstream_answered(
+        self, host: str, method: str, status: int | None, headers: tuple[tuple[str, str], ...]
+    ) -> None:
+        self.upstream.labels(host, method, "error" if status is None else str(status)).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -14,7 +14,6 @@ left.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
 import math
 import time
@@ -25,6 +24,14 @@ from urllib.parse import parse_qsl
 
 from kuikproxy.config import Config, RegistrySettings
 from kuikproxy.core.images import BLOBS, MANIFESTS
+from kuikproxy.core.quota import (
+    BucketSpec,
+    Category,
+    HostQuota,
+    QuotaSnapshot,
+    Scope,
+    preset,
+)
 from kuikproxy.core.reuse import is_kept_status
 from kuikproxy.core.scheduler import (
     Hold,
@@ -59,6 +66,19 @@ Admitted = Answer | Go | Coroutine[Any, Any, Answer | Go]
 WindowObserver = Callable[[str, Operation, WindowResult, float], None]
 
 
+def quota_specs(settings: RegistrySettings) -> tuple[BucketSpec, ...]:
+    """The host's buckets, as the core models them: the configured ones, and the learnt bucket
+    of a Docker Hub preset (which has no fixed rate to configure)."""
+    quota = settings.quota
+    specs = tuple(
+        BucketSpec(Category(b.category), Scope(b.scope), b.rate_per_minute, b.burst)
+        for b in quota.buckets
+    )
+    if quota.learns_from_headers and quota.preset is not None:
+        specs += tuple(spec for spec in preset(quota.preset) if spec.learnt)
+    return specs
+
+
 def pacing_of(settings: RegistrySettings, config: Config) -> HostPacing:
     return HostPacing(
         check_interval=settings.check.interval,
@@ -90,6 +110,10 @@ class _Host:
         self.scheduler = HostScheduler(
             host, pacing_of(self.settings, pacer.config), now, origin=origin
         )
+        # blocks are host-wide for now (per_identity=False): the scheduler cannot yet keep one
+        # identity's reads back while another's go, and a registry that said stop must not be
+        # asked again by anyone until then
+        self.quota = HostQuota(quota_specs(self.settings), per_identity=False)
         self.waiters: dict[Ticket, _Waiter] = {}
         self.timers: dict[Operation, asyncio.TimerHandle] = {}
         self.arm(Operation.CHECK)
@@ -182,7 +206,6 @@ class _Host:
             limit = MAX_MANIFEST if response.status == 200 else MAX_ERROR_BODY
             body = b"" if request.method == "HEAD" else await response.read(limit)
             headers = tuple(end_to_end(response.headers).items())
-        self.pacer.upstream_answered(self, response.status, headers)
         return Answer(response.status, headers, body, request.method, at, request.auth)
 
     async def check_read(self, read: Read) -> None:
@@ -344,20 +367,6 @@ class _Host:
         )
 
 
-def retry_after_seconds(value: str | None, now_wall: float) -> float | None:
-    """``Retry-After`` as seconds from now: delta-seconds or an HTTP date (RFC 9110 §10.2.3)."""
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - now_wall)
-
-
 class Pacer:
     """Every host's pacing, on one event loop."""
 
@@ -400,6 +409,10 @@ class Pacer:
             raise Unavailable("kuikproxy is shutting down")
         return self._host(request.host).admit(request)
 
+    def quotas(self, now: float) -> dict[str, QuotaSnapshot]:
+        """Every host's quota and throttling state now (§11), for /status."""
+        return {name: host.quota.snapshot(now) for name, host in sorted(self._hosts.items())}
+
     def held(self) -> int:
         """How many requests are parked, across hosts."""
         return sum(len(h.waiters) for h in self._hosts.values())
@@ -410,15 +423,17 @@ class Pacer:
         task.add_done_callback(self.tasks.discard)
 
     def upstream_answered(
-        self, host: _Host, status: int, headers: tuple[tuple[str, str], ...]
+        self, host: str, method: str, status: int | None, headers: tuple[tuple[str, str], ...]
     ) -> None:
-        """§11, the part this issue needs: a 429 blocks the host until its ``Retry-After``."""
-        if status != 429:
+        """Every registry answer, whoever asked for it (§11): ``Retry-After``, backoff without
+        it, Docker Hub's ``ratelimit-*``. A block makes the host's windows ``blocked``."""
+        runtime = self._hosts.get(host)
+        if runtime is None or status is None:
             return
-        value = next((v for k, v in headers if k.lower() == "retry-after"), None)
-        delay = retry_after_seconds(value, time.time())
-        if delay is not None:
-            host.scheduler.block(self.loop.time() + delay)
+        now = self.loop.time()
+        block = runtime.quota.answered(status, headers, None, now, time.time())
+        if block is not None:
+            runtime.scheduler.block(block.until)
 
     async def close(self) -> None:
         self._closed = True

@@ -43,6 +43,7 @@ MAX_TOKEN_ANSWER = 64 * 1024
 TOKEN_TIMEOUT = 30.0
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 Headers = tuple[tuple[str, str], ...]
+Observer = Callable[[str, str, int | None, Headers], None]
 
 
 def trusted_endpoints(config: Config) -> set[Endpoint]:
@@ -64,14 +65,14 @@ class Registries:
         transport: Transport,
         clock: Callable[[], float],
         guard: AddressGuard | None = None,
-        observe: Callable[[str, str, str], None] = lambda host, method, code: None,
+        observe: Observer | None = None,
     ) -> None:
-        """``observe(host, method, code)`` hears of every request sent (code "error" when no
-        answer came)."""
+        """``observe(host, method, status, headers)`` hears of every request sent and its
+        answer (status None when no answer came): metrics count them, throttling reads them."""
         self.transport = transport
         self._clock = clock
         self._guard = guard
-        self._observe = observe
+        self._observe: Observer = observe or (lambda host, method, status, headers: None)
         self._tokens = TokenCache()
         self.configure(config)
 
@@ -158,10 +159,10 @@ class Registries:
         try:
             response = await self.transport.send(request)
         except RegistryError as error:
-            self._observe(host, request.method, "error")
+            self._observe(host, request.method, None, ())
             log.warning("%s: %s", host, error.message)  # the message names method and path
             raise
-        self._observe(host, request.method, str(response.status))
+        self._observe(host, request.method, response.status, tuple(response.headers.items()))
         log.debug("%s: %s %s -> %d", host, request.method, where, response.status)
         return response
 

@@ -246,6 +246,7 @@ async def status(request: web.Request) -> web.StreamResponse:
             generation=1, loadedAt=clock.rfc3339(pacer.started), lastError=None
         ),
         kept=pacer.kept,
+        quotas=pacer.quotas(now),
         resource=request.query.get("resource"),
         registry=request.query.get("registry"),
     )
@@ -265,7 +266,14 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
     async def start(app: web.Application) -> None:
         loop = asyncio.get_running_loop()
         metrics = app[METRICS] = Metrics(lambda: _views(app))
-        app[REGISTRIES] = Registries(config, upstream, loop.time, guard, metrics.upstream_answered)
+
+        def answered(
+            host: str, method: str, status: int | None, headers: tuple[tuple[str, str], ...]
+        ) -> None:
+            metrics.upstream_answered(host, method, status, headers)
+            app[PACER].upstream_answered(host, method, status, headers)
+
+        app[REGISTRIES] = Registries(config, upstream, loop.time, guard, answered)
         app[PACER] = Pacer(config, app[REGISTRIES])
         app[PACER].observers.append(app[WINDOW_LOG].observe)
 

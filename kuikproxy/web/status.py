@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kuikproxy.core.quota import QuotaSnapshot
 from kuikproxy.core.scheduler import HostView, SeriesView
 from kuikproxy.durations import format_duration
 from kuikproxy.runtime.kept import KeptAnswers
@@ -46,11 +47,30 @@ class CopySeries(_Model):
     windows: WindowCounts
 
 
+class BucketStatus(_Model):
+    category: str
+    scope: str
+    identity: str | None = Field(description="the identity of an identity-scoped bucket")
+    tokens: float | None = Field(description="None: a learnt bucket that has learnt nothing")
+    rate_per_minute: float | None = Field(alias="ratePerMinute")
+    burst: float | None
+    learnt: bool = Field(description="the rate follows the registry's ratelimit-* headers")
+
+
+class QuotaStatus(_Model):
+    buckets: list[BucketStatus]
+    blocked_until: str | None = Field(alias="blockedUntil")
+    backoff_attempts: int = Field(alias="backoffAttempts")
+    ratelimit_remaining: int | None = Field(
+        alias="ratelimitRemaining", description="the last ratelimit-remaining header seen"
+    )
+
+
 class RegistryStatus(_Model):
     check: CheckSeries
     copy_: CopySeries = Field(alias="copy")
     blocked_until: str | None = Field(alias="blockedUntil")
-    quota: None = None
+    quota: QuotaStatus | None = Field(description="None: the host rations nothing")
 
 
 class RingStatus(_Model):
@@ -120,7 +140,32 @@ def _windows(view: SeriesView) -> WindowCounts:
     return WindowCounts.model_validate(view.windows)
 
 
-def registry_status(view: HostView, clock: Clock) -> RegistryStatus:
+def quota_status(quota: QuotaSnapshot, clock: Clock) -> QuotaStatus | None:
+    if not quota.buckets and quota.blocked_until is None and quota.ratelimit_remaining is None:
+        return None
+    until = quota.blocked_until
+    return QuotaStatus(
+        buckets=[
+            BucketStatus(
+                category=b.category.value,
+                scope=b.scope.value,
+                identity=b.identity,
+                tokens=None if b.tokens is None else round(b.tokens, 3),
+                ratePerMinute=b.rate_per_minute,
+                burst=b.burst,
+                learnt=b.learnt,
+            )
+            for b in quota.buckets
+        ],
+        blockedUntil=None if until is None else clock.rfc3339(until),
+        backoffAttempts=quota.backoff_attempts,
+        ratelimitRemaining=quota.ratelimit_remaining,
+    )
+
+
+def registry_status(
+    view: HostView, clock: Clock, quota: QuotaSnapshot | None = None
+) -> RegistryStatus:
     return RegistryStatus(
         check=CheckSeries(
             interval=format_duration(view.check.interval),
@@ -140,6 +185,7 @@ def registry_status(view: HostView, clock: Clock) -> RegistryStatus:
             windows=_windows(view.copy),
         ),
         blockedUntil=None if view.blocked_until is None else clock.rfc3339(view.blocked_until),
+        quota=None if quota is None else quota_status(quota, clock),
     )
 
 
@@ -150,6 +196,7 @@ def build_status(
     started: float,
     config: ConfigStatus,
     kept: KeptAnswers,
+    quotas: dict[str, QuotaSnapshot] | None = None,
     resource: str | None = None,
     registry: str | None = None,
 ) -> Status:
@@ -159,7 +206,7 @@ def build_status(
     for host, view in views.items():
         if registry is not None and host != registry:
             continue
-        registries[host] = registry_status(view, clock)
+        registries[host] = registry_status(view, clock, (quotas or {}).get(host))
         for ring in view.rings:
             rings.setdefault(ring.resource, []).append(
                 RingStatus(

@@ -1,0 +1,117 @@
+"""Registries that say stop (SPEC §11): 429s and their Retry-After, Docker Hub's headers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from kuikproxy.config import parse_config
+from kuikproxy.web.app import build_app
+
+pytestmark = pytest.mark.looptime
+
+HOST = "registry.test"
+Start = Callable[..., Awaitable[tuple[TestClient[Any, Any], list[float]]]]
+
+
+@pytest.fixture
+def start(
+    aiohttp_server: Callable[..., Awaitable[TestServer]],
+    aiohttp_client: Callable[..., Awaitable[TestClient[Any, Any]]],
+) -> Start:
+    """A registry whose first answer is ``first`` (status, headers), the rest 200; and
+    kuikproxy before it. Returns the client and the times the registry was asked."""
+
+    async def run(
+        first: tuple[int, dict[str, str]], block: str = ""
+    ) -> tuple[TestClient[Any, Any], list[float]]:
+        seen: list[float] = []
+
+        async def answer(request: web.Request) -> web.Response:
+            seen.append(asyncio.get_running_loop().time())
+            status, headers = first if len(seen) == 1 else (200, {})
+            return web.Response(status=status, headers=headers)
+
+        app = web.Application()
+        app.router.add_route("*", "/v2/{tail:.*}", answer)
+        server = await aiohttp_server(app)
+        text = (
+            f"registries:\n  {HOST}:\n    upstream: http://127.0.0.1:{server.port}\n"
+            f"    check: {{interval: 200ms{block}}}\n"
+        )
+        client = await aiohttp_client(build_app(parse_config(text)))
+        return client, seen
+
+    return run
+
+
+def head(client: TestClient[Any, Any], ref: str, resource: str = "r") -> Any:
+    return client.head(f"/v2/app/manifests/{ref}?ns={HOST}", headers={"Kuik-Resource": resource})
+
+
+async def test_s11_a_429_with_retry_after_blocks_the_host_until_then(start: Start) -> None:
+    """A 429 with ``Retry-After: 2``: the host's windows are lost (``blocked``) until then,
+    nothing is sent to it, and a request willing to wait is served after the block."""
+    client, seen = await start((429, {"Retry-After": "2"}))
+    t0 = asyncio.get_running_loop().time()
+    refused = await head(client, "v1")
+    assert refused.status == 429  # the registry's own answer is relayed
+    status = await (await client.get("/status")).json()
+    assert status["registries"][HOST]["blockedUntil"] is not None
+    assert status["registries"][HOST]["quota"]["blockedUntil"] is not None
+    later = await head(client, "v2")
+    assert later.status == 200
+    assert [round(t - t0, 1) for t in seen] == [0.2, 2.2]  # the next window after the block
+    status = await (await client.get("/status")).json()
+    assert status["registries"][HOST]["check"]["windows"]["blocked"] >= 9
+
+
+async def test_s11_kuikproxys_own_retry_after_counts_down_to_the_blocks_end(
+    start: Start,
+) -> None:
+    """While the host is blocked until T, a request held too long (maxHold) is refused with a
+    Retry-After of at least ceil(T − now), counting down as T nears."""
+    client, _ = await start((429, {"Retry-After": "10"}), block=", maxHold: 500ms")
+    assert (await head(client, "v1")).status == 429
+    loop = asyncio.get_running_loop()
+    afters = []
+    for _ in range(3):
+        refused = await head(client, "v2")
+        assert refused.status == 429
+        afters.append((loop.time(), int(refused.headers["Retry-After"])))
+        await asyncio.sleep(2)
+    block_end = 0.2 + 10
+    for now, after in afters:
+        assert after >= block_end - now - 1e-6
+    assert afters[0][1] > afters[1][1] > afters[2][1]
+
+
+async def test_s11_docker_hub_remaining_zero_blocks_for_window_over_limit(start: Start) -> None:
+    """``ratelimit-remaining: 0;w=60`` with ``ratelimit-limit: 30;w=60`` blocks the host for
+    60/30 = 2 s; /status says why (the last remaining, the block's end)."""
+    headers = {"ratelimit-limit": "30;w=60", "ratelimit-remaining": "0;w=60"}
+    client, seen = await start((200, headers))
+    t0 = asyncio.get_running_loop().time()
+    assert (await head(client, "v1")).status == 200
+    quota = (await (await client.get("/status")).json())["registries"][HOST]["quota"]
+    assert quota["ratelimitRemaining"] == 0
+    assert quota["blockedUntil"] is not None
+    assert (await head(client, "v2")).status == 200
+    assert [round(t - t0, 1) for t in seen] == [0.2, 2.2]
+
+
+async def test_s11_a_429_without_retry_after_backs_off(start: Start) -> None:
+    """Without ``Retry-After``, a 429 blocks the host for an exponential backoff with jitter
+    (base 1 s: between 0.5 and 1 s for the first), then reads resume."""
+    client, seen = await start((429, {}))
+    t0 = asyncio.get_running_loop().time()
+    assert (await head(client, "v1")).status == 429
+    assert (await head(client, "v2")).status == 200
+    gap = seen[1] - seen[0]
+    assert 0.5 <= gap <= 1.0 + 0.2 + 1e-6
+    assert round(seen[0] - t0, 1) == 0.2
