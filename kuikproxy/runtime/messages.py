@@ -55,6 +55,13 @@ class RegistryRequest:
     def headers(self) -> Headers:
         return forwarded(self.sent)
 
+    @property
+    def authorization(self) -> str | None:
+        """The client's own ``Authorization``, if it sent one."""
+        if isinstance(self.sent, Mapping):
+            return self.sent.get("Authorization")
+        return next((v for k, v in self.sent if k.lower() == "authorization"), None)
+
     def url(self, base: URL) -> URL:
         """Where this read goes on a registry served at ``base``."""
         path = f"/v2/{self.image.repository}/{self.image.route}/{self.image.reference}"

@@ -29,7 +29,10 @@ from kuikproxy.core.quota import (
     Category,
     HostQuota,
     QuotaSnapshot,
+    Route,
     Scope,
+    categories_of,
+    identity_of,
     preset,
 )
 from kuikproxy.core.reuse import is_kept_status
@@ -195,7 +198,9 @@ class _Host:
         return leader
 
     async def fetch(self, request: RegistryRequest, at: float, timeout: float | None) -> Answer:
-        """One upstream read, whole (manifests and error bodies are small)."""
+        """One upstream read, whole (manifests and error bodies are small); the series stays
+        busy while it waits for the host's quota."""
+        await self.pacer.spend(request)
         upstream = UpstreamRequest(
             method=request.method,
             url=request.url(self.pacer.registries.base(self.name)),
@@ -408,6 +413,20 @@ class Pacer:
         if self._closed:
             raise Unavailable("kuikproxy is shutting down")
         return self._host(request.host).admit(request)
+
+    async def spend(self, request: RegistryRequest) -> None:
+        """Wait until the host's quota lets ``request`` go (§11): a token from every bucket it
+        counts against (all or none), and no block in force. Called just before it is sent,
+        so a request parked for a window holds no token."""
+        host = self._host(request.host)
+        image = request.image
+        categories = categories_of(request.method, Route(image.route), by_digest=image.by_digest)
+        own = self.registries.has_credentials(request.host)
+        identity = identity_of(request.authorization, own_credential=own)
+        # not a poll: each wait is exactly the time until every bucket has a token (or the
+        # block ends), and the take after it succeeds unless another request took them first
+        while (wait := host.quota.take(categories, identity, self.loop.time())) > 0:  # noqa: ASYNC110
+            await asyncio.sleep(wait)
 
     def quotas(self, now: float) -> dict[str, QuotaSnapshot]:
         """Every host's quota and throttling state now (§11), for /status."""

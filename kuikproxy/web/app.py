@@ -90,6 +90,7 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
         elif not settings.paced:  # a destination kuik owns (§4.3): straight through
             read = classify(request, located.image, located.query, config)
             operation, cache = read.operation.value.capitalize(), "miss"
+            await request.app[PACER].spend(read)
             response = await stream(request, registries, host, _upstream(read, registries), ns)
         else:
             read = classify(request, located.image, located.query, config)
@@ -107,6 +108,7 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
                 response = answer_response(request, outcome, ns)
             else:
                 try:
+                    await pacer.spend(read)
                     timeout = _timeout(outcome, read, settings, pacer.loop.time())
                     upstream = _upstream(read, registries, timeout)
                     response = await stream(request, registries, host, upstream, ns)

@@ -301,7 +301,7 @@ class FlowControl(Generic[T]):
             ("Saturated", saturated),
         ):
             old = lv.conditions.get(kind)
-            if old is None or old.status != status or old.reason != reason:
+            if old is None or (old.status, old.reason, old.message) != (status, reason, message):
                 since = now if old is None or old.status != status else old.last_transition_time
                 lv.conditions[kind] = Condition(kind, status, reason, message, since)
 
