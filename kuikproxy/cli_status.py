@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from kuikproxy.core.rings import SLOW_LAP, lap_ratio
-from kuikproxy.durations import parse_duration
+from kuikproxy.durations import human_span, parse_duration
 
 TIMEOUT = 5.0
 CLEAR = "\x1b[H\x1b[2J"
@@ -83,15 +83,6 @@ def _moment(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def _span(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    whole = int(seconds)
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-
-
 def _at(value: str | None, now: datetime) -> str:
     """``HH:MM:SS.mmm (in 1.2s)`` or ``(3.0s ago)``, UTC."""
     moment = _moment(value)
@@ -100,8 +91,8 @@ def _at(value: str | None, now: datetime) -> str:
     clock = moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
     delta = (moment - now).total_seconds()
     if delta > 0:
-        return f"{clock} (in {_span(delta)})"
-    return f"{clock} ({_span(-delta)} ago)"
+        return f"{clock} (in {human_span(delta)})"
+    return f"{clock} ({human_span(-delta)} ago)"
 
 
 def ring_ratio(ring: Document, check_interval: str | None) -> float | None:

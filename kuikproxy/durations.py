@@ -162,6 +162,16 @@ _SIZE_SUFFIXES: dict[str, int] = {
 _SIZE = re.compile(r"\+?(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)")
 
 
+def human_span(seconds: float) -> str:
+    """A short duration for people: ``0.2s``, ``12.5s``, ``3m05s``, ``2h04m``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
 def parse_size(value: str | int) -> int:
     """Bytes of a size: an integer or a string like ``"256Mi"``, ``"1Gi"``, ``"5M"``, ``"100"``.
 

@@ -59,7 +59,6 @@ reads a zero ``int32`` as "unset" and defaults it), since a written zero is a mi
 from __future__ import annotations
 
 import fnmatch
-import math
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
@@ -75,6 +74,7 @@ from kuikproxy.config.base import (
     NonNegativeInt,
     PositiveInt,
 )
+from kuikproxy.core.flowcontrol.sharding import MAX_HASH_BITS, required_entropy_bits
 
 __all__ = [
     "BUILTIN_FLOW_SCHEMAS",
@@ -99,19 +99,12 @@ __all__ = [
 
 MAX_QUEUES = 10_000_000
 """The most queues a level may have (Kubernetes' ``priorityLevelConfigurationQueuingMaxQueues``)."""
-MAX_HASH_BITS = 60
-"""The most bits of a flow's hash a hand may need (Kubernetes' ``shufflesharding.MaxHashBits``)."""
 DEFAULT_MATCHING_PRECEDENCE = 1000
 """A schema's ``matchingPrecedence`` when it sets none (Kubernetes' default)."""
 MAX_MATCHING_PRECEDENCE = 10_000
 
 Operation = Literal["check", "copy", "unpaced"]
 """What a request does, as SPEC §4.3 classifies it."""
-
-
-def required_entropy_bits(queues: int, hand_size: int) -> int:
-    """Bits of hash that dealing ``hand_size`` of ``queues`` takes: ``ceil(log2(queues)·hand)``."""
-    return math.ceil(math.log2(queues) * hand_size)
 
 
 def _string(value: Any) -> Any:

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from kuikproxy.core.rings import SLOW_LAP, lap_ratio
 from kuikproxy.core.scheduler import HostView, Operation, SeriesView
-from kuikproxy.durations import format_duration
+from kuikproxy.durations import format_duration, human_span
 from kuikproxy.web.keys import PACER, WINDOW_LOG
 
 REFRESH = 2
@@ -135,19 +135,9 @@ def _clock(snap: Snapshot, loop_time: float) -> str:
     return moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
 
 
-def _span(seconds: float) -> str:
-    """A short human duration: ``0.2s``, ``12.5s``, ``3m05s``, ``2h04m``."""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    whole = int(seconds)
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-
-
 def _until(snap: Snapshot, at: float) -> str:
     left = at - snap.now
-    return "now" if left <= 0 else f"in {_span(left)}"
+    return "now" if left <= 0 else f"in {human_span(left)}"
 
 
 def _counts(windows: dict[str, int]) -> str:
@@ -272,8 +262,8 @@ def _ratio(row: RingRow) -> str:
     assert row.cycle_duration is not None
     return (
         f'<span class="ratio{slow}">×{ratio:.2f}</span> '
-        f'<span class="muted">{_span(row.cycle_duration)} / '
-        f"{_span(row.images * row.check_interval)}</span>"
+        f'<span class="muted">{human_span(row.cycle_duration)} / '
+        f"{human_span(row.images * row.check_interval)}</span>"
     )
 
 
@@ -289,7 +279,7 @@ def ring_rows(snap: Snapshot) -> str:
         started = (
             '<span class="muted">—</span>'
             if row.cycle_started is None
-            else f"{_span(max(snap.now - row.cycle_started, 0.0))} ago"
+            else f"{human_span(max(snap.now - row.cycle_started, 0.0))} ago"
         )
         rows.append(
             "<tr>"
@@ -408,7 +398,7 @@ def render(snap: Snapshot) -> str:
             '<p class="muted">No registry has been asked for anything yet: a host appears '
             "here at its first request.</p>"
         )
-    uptime = _span(max(snap.now - snap.started, 0.0))
+    uptime = human_span(max(snap.now - snap.started, 0.0))
     return (
         "<!doctype html>"
         '<html lang="en"><head><meta charset="utf-8">'
