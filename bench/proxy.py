@@ -70,6 +70,7 @@ from tests.e2e.peers import (  # noqa: E402
     LOOPBACK,
     OCI_INDEX,
     DistributionRegistry,
+    Nginx,
     RegistryClient,
     build_image,
     clean_env,
@@ -195,31 +196,14 @@ class QuietRegistry(DistributionRegistry):
 
 
 def start_nginx(workdir: Path, upstream_port: int, workers: int) -> Peer:
-    workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    user = "user root;\n" if os.geteuid() == 0 else ""  # workers must reach the temp dir
-    conf = workdir / "nginx.conf"
-    conf.write_text(
-        f"""{user}worker_processes {workers};
-daemon off;
-pid {workdir}/nginx.pid;
-error_log {workdir}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-    access_log {workdir}/access.log combined buffer=64k;
-    client_body_temp_path {workdir}/client_body;
-    proxy_temp_path {workdir}/proxy;
-    fastcgi_temp_path {workdir}/fastcgi;
-    uwsgi_temp_path {workdir}/uwsgi;
-    scgi_temp_path {workdir}/scgi;
-    upstream registry {{
+    nginx = Nginx(
+        workdir,
+        http=f"""    upstream registry {{
         server {LOOPBACK}:{upstream_port};
         keepalive 64;
-    }}
-    server {{
-        listen {LOOPBACK}:{port};
-        client_max_body_size 0;
-        location / {{
+    }}""",
+        server="""        client_max_body_size 0;
+        location / {
             proxy_pass http://registry;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
@@ -227,17 +211,11 @@ http {{
             proxy_buffering on;
             proxy_buffers 16 256k;
             proxy_max_temp_file_size 0;
-        }}
-    }}
-}}
-"""
-    )
-    log = workdir / "nginx.out"
-    args = ["nginx", "-p", str(workdir), "-c", str(conf), "-e", str(workdir / "error.log")]
-    process = spawn(args, log)
-    url = f"http://{LOOPBACK}:{port}"
-    wait_until_http(url + "/v2/", process, workdir / "error.log")
-    return Peer("nginx", url, process, log)
+        }""",
+        workers=workers,
+        access_log="combined buffer=64k",
+    ).start()
+    return Peer("nginx", nginx.url, nginx.process, nginx.log_file)
 
 
 def start_kuikproxy(workdir: Path, upstream: str) -> Peer:

@@ -232,7 +232,9 @@ class _Host:
             if kept:
                 self.pacer.kept.keep(self.name, read.image.key, answer)
                 digest = answer.header("docker-content-digest")
-            served = self.served_by(answer, group)
+            # a 429 is the registry saying stop, not an answer about the image: its block is in
+            # force (upstream_answered) and the requests keep waiting through it (§11)
+            served = [] if answer.status == 429 else self.served_by(answer, group)
             self.resolve(served, answer)
         finally:
             released = self.scheduler.check_read_done(
@@ -272,7 +274,9 @@ class _Host:
             return group
         if is_kept_status(answer.status):
             self.pacer.kept.keep(self.name, read.image.key, answer)
-        served = self.served_by(answer, group)
+        # on a 429 nobody is served: each request of the copy goes itself, and its quota wait
+        # (Pacer.spend) holds it until the block is over (§11)
+        served = [] if answer.status == 429 else self.served_by(answer, group)
         self.resolve(served, answer)
         return served
 
@@ -329,7 +333,27 @@ class _Host:
         if isinstance(decision, Pass):
             return self.go_copy() if request.operation is Operation.COPY else Go()
         assert isinstance(decision, Hold)
+        if self.outlasted(decision.ticket, now):
+            raise self.refusal(decision.ticket, now)
         return self.hold(decision.ticket, request)
+
+    def outlasted(self, ticket: Ticket, now: float) -> bool:
+        """Whether the host's block outlasts this check's ``check.maxHold``: it would be held
+        in vain (§11)."""
+        max_hold = self.scheduler.pacing.max_hold
+        until = self.scheduler.blocked_until
+        return (
+            ticket.operation is Operation.CHECK
+            and max_hold > 0
+            and until is not None
+            and until > ticket.since + max_hold
+        )
+
+    def refuse_outlasted(self, now: float) -> None:
+        """A block began: the held checks it outlasts are refused now, not at their maxHold."""
+        for ticket, waiter in list(self.waiters.items()):
+            if not waiter.future.done() and self.outlasted(ticket, now):
+                waiter.future.set_exception(self.refusal(ticket, now))
 
     async def hold(self, ticket: Ticket, request: RegistryRequest) -> Answer | Go:
         loop = self.pacer.loop
@@ -358,17 +382,20 @@ class _Host:
     def held_too_long(self, ticket: Ticket) -> None:
         """P7: ``check.maxHold`` passed: 429 with the time until the image's turn."""
         waiter = self.waiters.get(ticket)
-        if waiter is None or waiter.future.done():
-            return
-        now = self.pacer.loop.time()
+        if waiter is not None and not waiter.future.done():
+            waiter.future.set_exception(self.refusal(ticket, self.pacer.loop.time()))
+
+    def refusal(self, ticket: Ticket, now: float) -> TooManyRequests:
+        """The 429 of a check that cannot be served within its ``check.maxHold``, with the time
+        until its image's turn (at least until the block ends: refusals count down); the ticket
+        stops waiting, its image keeps its place in the ring (P7)."""
         retry_after = self.scheduler.retry_after(ticket, now)
         self.scheduler.cancel(ticket)
-        waiter.future.set_exception(
-            TooManyRequests(
-                f"held {self.scheduler.pacing.max_hold:g}s (check.maxHold) without a window",
-                detail={"host": self.name, "retryAfterSeconds": math.ceil(retry_after)},
-                retry_after=retry_after,
-            )
+        return TooManyRequests(
+            f"{self.name} cannot be read within check.maxHold "
+            f"({self.scheduler.pacing.max_hold:g}s)",
+            detail={"host": self.name, "retryAfterSeconds": math.ceil(retry_after)},
+            retry_after=retry_after,
         )
 
 
@@ -453,6 +480,7 @@ class Pacer:
         block = runtime.quota.answered(status, headers, None, now, time.time())
         if block is not None:
             runtime.scheduler.block(block.until)
+            runtime.refuse_outlasted(now)
 
     async def close(self) -> None:
         self._closed = True

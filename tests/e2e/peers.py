@@ -6,6 +6,8 @@
   users from a dict, grants from a small ACL.
 * :func:`build_image` / :func:`push_image` — a small multi-arch OCI image, pushed with the plain
   registry HTTP API; :class:`SeededImage` holds every digest for comparisons.
+* :class:`Nginx` — nginx in the foreground with the caller's ``http`` and ``server`` directives,
+  its access log readable line by line.
 * :class:`Kuikproxy` — ``python -m kuikproxy serve --config FILE`` as a subprocess.
 * :class:`Prometheus` — Debian's ``prometheus`` scraping loopback targets, queried over its API.
 
@@ -745,6 +747,80 @@ class DistributionRegistry(LoopbackServer):
         while len(rows := self.requests(since)) < count and time.monotonic() < deadline:
             time.sleep(0.02)
         return rows
+
+
+# --- nginx ----------------------------------------------------------------------------------
+
+
+class Nginx(LoopbackServer):
+    """nginx in the foreground (``daemon off``) on 127.0.0.1, everything it writes under
+    ``workdir``: its pid file, temp paths, ``access.log`` and its error log (to stderr, so in
+    ``nginx.log`` with anything it prints at start-up).
+
+    ``http`` holds the caller's ``http``-level directives (``upstream``, ``map``,
+    ``limit_req_zone``, ``log_format``...), ``server`` those of the one ``server`` block, which
+    listens on the port picked at start (``listen`` is added here). ``access_log`` is the format
+    name and options of the access log (``"combined buffer=64k"``); unbuffered by default, so
+    that :meth:`access_lines` sees a request as soon as it is answered."""
+
+    binary = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin") or "nginx"
+    log_name = "nginx.log"
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        server: str,
+        http: str = "",
+        workers: int = 1,
+        access_log: str = "combined",
+    ) -> None:
+        super().__init__(workdir)
+        self.server, self.http, self.workers, self.access_log = server, http, workers, access_log
+        self.access_log_file = workdir / "access.log"
+
+    def config(self) -> str:
+        w = self.workdir
+        user = "user root;\n" if os.geteuid() == 0 else ""  # workers must reach the workdir
+        return (
+            f"{user}worker_processes {self.workers};\n"
+            "daemon off;\n"
+            f"pid {w}/nginx.pid;\n"
+            "error_log stderr warn;\n"
+            "events { worker_connections 1024; }\n"
+            "http {\n"
+            f"    client_body_temp_path {w}/client_body;\n"
+            f"    proxy_temp_path {w}/proxy;\n"
+            f"    fastcgi_temp_path {w}/fastcgi;\n"
+            f"    uwsgi_temp_path {w}/uwsgi;\n"
+            f"    scgi_temp_path {w}/scgi;\n"
+            f"{self.http}\n"  # before access_log, which may name one of its log_formats
+            f"    access_log {self.access_log_file} {self.access_log};\n"
+            "    server {\n"
+            f"        listen {self.host_port};\n"
+            f"{self.server}\n"
+            "    }\n"
+            "}\n"
+        )
+
+    def launch(self) -> subprocess.Popen[bytes]:
+        config_file = self.workdir / "nginx.conf"
+        config_file.write_text(self.config())
+        args = [self.binary, "-p", str(self.workdir), "-c", str(config_file), "-e", "stderr"]
+        return spawn(args, self.log_file)
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        """The master process (its workers are its children); only while started."""
+        assert self._process is not None, "nginx is not running"
+        return self._process
+
+    def access_lines(self) -> list[str]:
+        """The access log so far, one string per request."""
+        try:
+            return self.access_log_file.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return []
 
 
 # --- kuikproxy ------------------------------------------------------------------------------

@@ -56,16 +56,16 @@ def head(client: TestClient[Any, Any], ref: str, resource: str = "r") -> Any:
 
 async def test_s11_a_429_with_retry_after_blocks_the_host_until_then(start: Start) -> None:
     """A 429 with ``Retry-After: 2``: the host's windows are lost (``blocked``) until then,
-    nothing is sent to it, and a request willing to wait is served after the block."""
+    nothing is sent to it, and the request whose read was refused keeps waiting through the
+    block and is served after it — it never sees the registry's 429."""
     client, seen = await start((429, {"Retry-After": "2"}))
     t0 = asyncio.get_running_loop().time()
-    refused = await head(client, "v1")
-    assert refused.status == 429  # the registry's own answer is relayed
+    waiting = asyncio.ensure_future(head(client, "v1"))
+    await asyncio.sleep(0.5)
     status = await (await client.get("/status")).json()
     assert status["registries"][HOST]["blockedUntil"] is not None
     assert status["registries"][HOST]["quota"]["blockedUntil"] is not None
-    later = await head(client, "v2")
-    assert later.status == 200
+    assert (await waiting).status == 200
     assert [round(t - t0, 1) for t in seen] == [0.2, 2.2]  # the next window after the block
     status = await (await client.get("/status")).json()
     assert status["registries"][HOST]["check"]["windows"]["blocked"] >= 9
@@ -77,7 +77,8 @@ async def test_s11_kuikproxys_own_retry_after_counts_down_to_the_blocks_end(
     """While the host is blocked until T, a request held too long (maxHold) is refused with a
     Retry-After of at least ceil(T − now), counting down as T nears."""
     client, _ = await start((429, {"Retry-After": "10"}), block=", maxHold: 500ms")
-    assert (await head(client, "v1")).status == 429
+    first = await head(client, "v1")  # its read is refused; the block outlasts its maxHold
+    assert first.status == 429
     loop = asyncio.get_running_loop()
     afters = []
     for _ in range(3):
@@ -89,6 +90,19 @@ async def test_s11_kuikproxys_own_retry_after_counts_down_to_the_blocks_end(
     for now, after in afters:
         assert after >= block_end - now - 1e-6
     assert afters[0][1] > afters[1][1] > afters[2][1]
+
+
+async def test_s11_a_check_the_block_outlasts_is_refused_at_once(start: Start) -> None:
+    """A request that cannot be served within its check.maxHold while the host is blocked is
+    refused at once, with the block's remaining time, rather than held in vain."""
+    client, _ = await start((429, {"Retry-After": "10"}), block=", maxHold: 1s")
+    assert (await head(client, "v1")).status == 429
+    loop = asyncio.get_running_loop()
+    before = loop.time()
+    refused = await head(client, "v2")
+    assert refused.status == 429
+    assert loop.time() - before < 0.01
+    assert int(refused.headers["Retry-After"]) >= 9
 
 
 async def test_s11_docker_hub_remaining_zero_blocks_for_window_over_limit(start: Start) -> None:
@@ -110,8 +124,7 @@ async def test_s11_a_429_without_retry_after_backs_off(start: Start) -> None:
     (base 1 s: between 0.5 and 1 s for the first), then reads resume."""
     client, seen = await start((429, {}))
     t0 = asyncio.get_running_loop().time()
-    assert (await head(client, "v1")).status == 429
-    assert (await head(client, "v2")).status == 200
+    assert (await head(client, "v1")).status == 200  # waited through the backoff
     gap = seen[1] - seen[0]
     assert 0.5 <= gap <= 1.0 + 0.2 + 1e-6
     assert round(seen[0] - t0, 1) == 0.2
