@@ -455,6 +455,12 @@ class Pacer:
         while (wait := host.quota.take(categories, identity, self.loop.time())) > 0:  # noqa: ASYNC110
             await asyncio.sleep(wait)
 
+    def blocked_until(self, host: str, now: float) -> float | None:
+        """The end of the block the host is under at ``now``, if any (§11)."""
+        runtime = self._hosts.get(host)
+        until = None if runtime is None else runtime.scheduler.blocked_until
+        return until if until is not None and until > now else None
+
     def quotas(self, now: float) -> dict[str, QuotaSnapshot]:
         """Every host's quota and throttling state now (§11), for /status."""
         return {name: host.quota.snapshot(now) for name, host in sorted(self._hosts.items())}

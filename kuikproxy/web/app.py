@@ -20,6 +20,7 @@ from kuikproxy.errors import (
     InternalError,
     NotFound,
     RegistryError,
+    TooManyRequests,
     Unsupported,
     UpstreamTimeout,
     UpstreamUnreachable,
@@ -42,8 +43,10 @@ from kuikproxy.web.classify import (
     Target,
     classify,
 )
+from kuikproxy.web.exempt import ExemptReads
 from kuikproxy.web.keys import (
     CONFIG,
+    EXEMPT,
     LOCATOR,
     METRICS,
     PACER,
@@ -59,6 +62,7 @@ from kuikproxy.web.relay import answer_response, relocate, stream
 log = logging.getLogger(__name__)
 
 PING_TTL = 60.0  # §4.1: a host's /v2/ answer is kept this long
+STALE_WARNING = '110 - "Response is Stale"'  # RFC 7234 §5.5.1, as SPEC §11 asks
 READ_METHODS = frozenset({"GET", "HEAD"})
 MAX_PING_BODY = 64 * 1024
 
@@ -96,6 +100,9 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
             read = classify(request, located.image, located.query, config)
             operation, cache = read.operation.value.capitalize(), "miss"
             pacer = request.app[PACER]
+            if request.app[EXEMPT].applies(request, read):
+                response, cache = await exempt(request, read, settings, ns)
+                return response
             outcome = pacer.admit(read)
             if isinstance(outcome, Answer):
                 cache = "hit"
@@ -124,6 +131,32 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
         code = "cancelled" if response is None else str(response.status)
         request.app[METRICS].requests.labels(host, operation, code, cache).inc()
     return response
+
+
+async def exempt(
+    request: web.Request, read: RegistryRequest, settings: RegistrySettings, ns: str | None
+) -> tuple[web.StreamResponse, str]:
+    """A read on an ``Exempt`` priority level (kuik's webhook availability check): never paced,
+    bounded by ``check.timeout`` alone (P14). It never adds to the count of a registry that
+    said stop: while the host is blocked it is answered from a kept answer, however old (marked
+    stale), or refused with the block's remaining time (§11). Returns the answer and whether a
+    kept answer served it."""
+    pacer, registries = request.app[PACER], request.app[REGISTRIES]
+    now = pacer.loop.time()
+    until = pacer.blocked_until(read.host, now)
+    if until is None:
+        upstream = _upstream(read, registries, settings.check.timeout or None)
+        return await stream(request, registries, read.host, upstream, ns), "miss"
+    kept = pacer.kept.find(read)
+    if kept is None:
+        raise TooManyRequests(
+            f"{read.host} asked kuikproxy to stop; no kept answer to give instead",
+            detail={"host": read.host},
+            retry_after=until - now,
+        )
+    response = answer_response(request, kept, ns)
+    response.headers["Warning"] = STALE_WARNING
+    return response, "hit"
 
 
 def _timeout(go: Go, read: RegistryRequest, settings: RegistrySettings, now: float) -> float | None:
@@ -260,6 +293,7 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
     app = web.Application()
     app[CONFIG] = config
     app[LOCATOR] = Locator(config)
+    app[EXEMPT] = ExemptReads(config)
     app[WINDOW_LOG] = WindowLog()
     app[PING_CACHE] = {}
     guard = AddressGuard() if transport is None else None
