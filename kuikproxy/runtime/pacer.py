@@ -333,11 +333,11 @@ class _Host:
         if isinstance(decision, Pass):
             return self.go_copy() if request.operation is Operation.COPY else Go()
         assert isinstance(decision, Hold)
-        if self.outlasted(decision.ticket, now):
+        if self.outlasted(decision.ticket):
             raise self.refusal(decision.ticket, now)
         return self.hold(decision.ticket, request)
 
-    def outlasted(self, ticket: Ticket, now: float) -> bool:
+    def outlasted(self, ticket: Ticket) -> bool:
         """Whether the host's block outlasts this check's ``check.maxHold``: it would be held
         in vain (§11)."""
         max_hold = self.scheduler.pacing.max_hold
@@ -352,7 +352,7 @@ class _Host:
     def refuse_outlasted(self, now: float) -> None:
         """A block began: the held checks it outlasts are refused now, not at their maxHold."""
         for ticket, waiter in list(self.waiters.items()):
-            if not waiter.future.done() and self.outlasted(ticket, now):
+            if not waiter.future.done() and self.outlasted(ticket):
                 waiter.future.set_exception(self.refusal(ticket, now))
 
     async def hold(self, ticket: Ticket, request: RegistryRequest) -> Answer | Go:
