@@ -123,6 +123,7 @@ class Metrics:
             ["registry", "operation", "code", "cache"],
             registry=self.registry,
         )
+        self._answered: dict[tuple[str, str, str, str], Counter] = {}
         self.wait = Histogram(
             "kuik_proxy_wait_seconds",
             "How long requests were held before their window released them.",
@@ -136,6 +137,15 @@ class Metrics:
             ["registry", "method", "code"],
             registry=self.registry,
         )
+
+    def answered(self, host: str, operation: str, code: str, cache: str) -> None:
+        """One request answered. Its counter is found once per label set: ``labels()`` costs
+        more than the rest of a kept answer's bookkeeping, and this runs for every request."""
+        key = (host, operation, code, cache)
+        child = self._answered.get(key)
+        if child is None:
+            child = self._answered[key] = self.requests.labels(*key)
+        child.inc()
 
     def upstream_answered(
         self, host: str, method: str, status: int | None, headers: tuple[tuple[str, str], ...]

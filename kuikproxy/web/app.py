@@ -129,7 +129,7 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
         response = error_response(InternalError("internal error in kuikproxy"))
     finally:
         code = "cancelled" if response is None else str(response.status)
-        request.app[METRICS].requests.labels(host, operation, code, cache).inc()
+        request.app[METRICS].answered(host, operation, code, cache)
     return response
 
 
