@@ -1,8 +1,8 @@
 """What the web edge hands the runtime, and what it gets back.
 
-A :class:`RegistryRequest` is a classified read (host, image, resource, operation); the runtime
-answers it with an :class:`Answer` (a whole upstream answer, read once for every waiter, R2, or
-kept, R1) or a :class:`Go` (no window needed or the window came: go upstream and stream).
+A :class:`RegistryRequest` is a classified read (host, image, resource, operation, flow); the
+runtime answers it with an :class:`Answer` (a whole upstream answer, read once for every waiter,
+R2, or kept, R1) or a :class:`Go` (no window needed or the window came: go upstream and stream).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from yarl import URL
 from kuikproxy.core.images import Image
 from kuikproxy.core.reuse import accept_admits, method_serves
 from kuikproxy.core.scheduler import Operation
+from kuikproxy.runtime.flow import Flow
 from kuikproxy.upstream.client import end_to_end
 
 # R1: what a kept answer remembers of the headers, besides its status and body.
@@ -49,6 +50,7 @@ class RegistryRequest:
     sent: Mapping[str, str] | Headers
     auth: str | None  # key of the client's own Authorization (R5), None without one
     accept: tuple[str, ...]
+    flow: Flow  # its priority level and flow (§10)
     query: tuple[tuple[str, str], ...] = ()  # forwarded as sent, less ``ns``
 
     @property

@@ -27,11 +27,13 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.scheduler import HostView
 
 # waits range from a kept answer (none) through a window (seconds to minutes) to a lap (hours)
 WAIT_BUCKETS = (0.01, 0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600)
 Views = Callable[[], tuple[Mapping[str, HostView], float]]  # (views, wall − loop offset)
+Levels = Callable[[], tuple[LevelView, ...]]
 
 
 class PacingCollector(Collector):
@@ -104,6 +106,57 @@ class _Families:
         yield from (self.lap, self.images, self.interval, self.windows, self.waiting, self.blocked)
 
 
+class FlowControlCollector(Collector):
+    """The priority levels' seats and queues (SPEC §10), read from the flow-control machine's
+    snapshot at each scrape; names follow Kubernetes' ``apiserver_flowcontrol_*``."""
+
+    def __init__(self, levels: Levels) -> None:
+        self._levels = levels
+
+    def describe(self) -> list[Metric]:
+        return list(self._families(()))
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families(self._levels()))
+
+    @staticmethod
+    def _families(levels: tuple[LevelView, ...]) -> list[Metric]:
+        def gauge(name: str, help: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(
+                f"kuik_proxy_flowcontrol_{name}", help, labels=["priority_level"]
+            )
+
+        nominal = gauge("nominal_limit_seats", "NominalCL: the seats a level is entitled to.")
+        current = gauge("current_limit_seats", "The seats a level may use now (lent or borrowed).")
+        queued = gauge("current_inqueue_requests", "Requests waiting for a seat.")
+        parked = gauge(
+            "current_parked_requests",
+            "Requests holding a place in a level's queues while they wait for their window.",
+        )
+        executing = gauge("current_executing_requests", "Requests holding a seat.")
+        dispatched = CounterMetricFamily(
+            "kuik_proxy_flowcontrol_dispatched_requests",
+            "Requests given a seat.",
+            labels=["priority_level"],
+        )
+        rejected = CounterMetricFamily(
+            "kuik_proxy_flowcontrol_rejected_requests",
+            "Requests refused (429): queue-full or concurrency-limit.",
+            labels=["priority_level", "reason"],
+        )
+        for level in levels:
+            name = [level.name]
+            nominal.add_metric(name, level.nominal_cl)
+            current.add_metric(name, level.current_cl)
+            queued.add_metric(name, level.in_queue)
+            parked.add_metric(name, level.parked)
+            executing.add_metric(name, level.executing)
+            dispatched.add_metric(name, level.dispatched)
+            for reason, count in level.rejected.items():
+                rejected.add_metric([level.name, str(reason)], count)
+        return [nominal, current, queued, parked, executing, dispatched, rejected]
+
+
 class Metrics:
     """kuikproxy's metrics registry and the event counters the runtime and edge update.
 
@@ -112,10 +165,11 @@ class Metrics:
     nobody queries (a process-wide switch of prometheus-client's; kuikproxy owns its process).
     """
 
-    def __init__(self, views: Views) -> None:
+    def __init__(self, views: Views, levels: Levels) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(PacingCollector(views))
+        self.registry.register(FlowControlCollector(levels))
         self.requests = Counter(
             "kuik_proxy_requests",
             "Registry requests answered by kuikproxy; cache is hit (a kept answer), miss (read "

@@ -17,12 +17,14 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import parse_qsl
 
 from kuikproxy.config import Config, RegistrySettings
+from kuikproxy.core.flowcontrol import Place
 from kuikproxy.core.images import BLOBS, MANIFESTS
 from kuikproxy.core.quota import (
     BucketSpec,
@@ -48,6 +50,7 @@ from kuikproxy.core.scheduler import (
     WindowResult,
 )
 from kuikproxy.errors import RegistryError, TooManyRequests, Unavailable
+from kuikproxy.runtime.flow import FlowGate
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
 from kuikproxy.upstream.client import UpstreamRequest, end_to_end
@@ -100,6 +103,7 @@ def pacing_of(settings: RegistrySettings, config: Config) -> HostPacing:
 class _Waiter:
     request: RegistryRequest
     future: asyncio.Future[Answer | Go]
+    place: Place  # its place in its flow's queues while it waits (§10)
     expiry: asyncio.TimerHandle | None = None
 
 
@@ -189,6 +193,7 @@ class _Host:
                 sent=tuple(("Accept", a) for a in accept),
                 auth=None,
                 accept=accept,
+                flow=self.pacer.flow.classify("", self.name, "check", {}),
                 query=tuple(parse_qsl(read.image.query)),
             )
         first = read.leader if read.leader in group else group[0]
@@ -199,18 +204,18 @@ class _Host:
 
     async def fetch(self, request: RegistryRequest, at: float, timeout: float | None) -> Answer:
         """One upstream read, whole (manifests and error bodies are small); the series stays
-        busy while it waits for the host's quota."""
-        await self.pacer.spend(request)
-        upstream = UpstreamRequest(
-            method=request.method,
-            url=request.url(self.pacer.registries.base(self.name)),
-            headers=request.headers,
-            timeout=timeout,
-        )
-        async with await self.pacer.registries.send(self.name, upstream) as response:
-            limit = MAX_MANIFEST if response.status == 200 else MAX_ERROR_BODY
-            body = b"" if request.method == "HEAD" else await response.read(limit)
-            headers = tuple(end_to_end(response.headers).items())
+        busy while it waits for the host's quota and a seat."""
+        async with self.pacer.upstream(request):
+            upstream = UpstreamRequest(
+                method=request.method,
+                url=request.url(self.pacer.registries.base(self.name)),
+                headers=request.headers,
+                timeout=timeout,
+            )
+            async with await self.pacer.registries.send(self.name, upstream) as response:
+                limit = MAX_MANIFEST if response.status == 200 else MAX_ERROR_BODY
+                body = b"" if request.method == "HEAD" else await response.read(limit)
+                headers = tuple(end_to_end(response.headers).items())
         return Answer(response.status, headers, body, request.method, at, request.auth)
 
     async def check_read(self, read: Read) -> None:
@@ -333,9 +338,15 @@ class _Host:
         if isinstance(decision, Pass):
             return self.go_copy() if request.operation is Operation.COPY else Go()
         assert isinstance(decision, Hold)
-        if self.outlasted(decision.ticket):
-            raise self.refusal(decision.ticket, now)
-        return self.hold(decision.ticket, request)
+        ticket = decision.ticket
+        if self.outlasted(ticket):
+            raise self.refusal(ticket, now)
+        try:
+            place = self.pacer.flow.park(request.flow, self.series(ticket.operation) - now)
+        except TooManyRequests:
+            s.cancel(ticket)  # refused at its flow's queues: it never waited (P11)
+            raise
+        return self.hold(ticket, request, place)
 
     def outlasted(self, ticket: Ticket) -> bool:
         """Whether the host's block outlasts this check's ``check.maxHold``: it would be held
@@ -355,9 +366,9 @@ class _Host:
             if not waiter.future.done() and self.outlasted(ticket):
                 waiter.future.set_exception(self.refusal(ticket, now))
 
-    async def hold(self, ticket: Ticket, request: RegistryRequest) -> Answer | Go:
+    async def hold(self, ticket: Ticket, request: RegistryRequest, place: Place) -> Answer | Go:
         loop = self.pacer.loop
-        waiter = _Waiter(request, loop.create_future())
+        waiter = _Waiter(request, loop.create_future(), place)
         self.waiters[ticket] = waiter
         max_hold = self.scheduler.pacing.max_hold
         if max_hold and request.operation is Operation.CHECK:
@@ -376,6 +387,7 @@ class _Host:
             if waiter.expiry is not None:
                 waiter.expiry.cancel()
             del self.waiters[ticket]
+            self.pacer.flow.unpark(place)
             if not waiter.future.done() or waiter.future.cancelled():
                 self.scheduler.cancel(ticket)  # the client went away (P11)
 
@@ -414,6 +426,7 @@ class Pacer:
         self.started = self.loop.time()
         self.wall_offset = time.time() - self.started  # for /status: loop time → wall time
         self.kept = KeptAnswers(config.cache.max_entries, config.cache.max_bytes)
+        self.flow = FlowGate(config.flow_control, self.loop)
         self.observers: list[WindowObserver] = []
         self._hosts: dict[str, _Host] = {}
         self.tasks: set[asyncio.Task[None]] = set()
@@ -441,10 +454,27 @@ class Pacer:
             raise Unavailable("kuikproxy is shutting down")
         return self._host(request.host).admit(request)
 
+    @asynccontextmanager
+    async def upstream(self, request: RegistryRequest) -> AsyncIterator[None]:
+        """Wait until ``request`` may go upstream — the host's quota lets it (§11) and its
+        priority level gives it a seat (§10) — and hold the seat while the block inside sends
+        it and relays the answer. Entered just before it is sent, so a request parked for a
+        window holds neither token nor seat."""
+        flow = self.flow
+        while True:
+            await self.spend(request)
+            await flow.take(request.flow)
+            if self.blocked_until(request.host, self.loop.time()) is None:
+                break
+            flow.give_back(request.flow)  # the host said stop while it waited for a seat
+        try:
+            yield
+        finally:
+            flow.give_back(request.flow)
+
     async def spend(self, request: RegistryRequest) -> None:
         """Wait until the host's quota lets ``request`` go (§11): a token from every bucket it
-        counts against (all or none), and no block in force. Called just before it is sent,
-        so a request parked for a window holds no token."""
+        counts against (all or none), and no block in force."""
         host = self._host(request.host)
         image = request.image
         categories = categories_of(request.method, Route(image.route), by_digest=image.by_digest)

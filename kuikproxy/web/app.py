@@ -43,10 +43,8 @@ from kuikproxy.web.classify import (
     Target,
     classify,
 )
-from kuikproxy.web.exempt import ExemptReads
 from kuikproxy.web.keys import (
     CONFIG,
-    EXEMPT,
     LOCATOR,
     METRICS,
     PACER,
@@ -91,16 +89,16 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
             response = await write_through(request, target, located.query)
         elif located.image is None:  # the /v2/ ping
             response = await ping(request, target, settings)
-        elif not settings.paced:  # a destination kuik owns (§4.3): straight through
-            read = classify(request, located.image, located.query, config)
-            operation, cache = read.operation.value.capitalize(), "miss"
-            await request.app[PACER].spend(read)
-            response = await stream(request, registries, host, _upstream(read, registries), ns)
         else:
-            read = classify(request, located.image, located.query, config)
-            operation, cache = read.operation.value.capitalize(), "miss"
             pacer = request.app[PACER]
-            if request.app[EXEMPT].applies(request, read):
+            read = classify(request, located.image, located.query, config, pacer.flow)
+            operation, cache = read.operation.value.capitalize(), "miss"
+            if not settings.paced:  # a destination kuik owns (§4.3): straight through
+                async with pacer.upstream(read):
+                    upstream = _upstream(read, registries)
+                    response = await stream(request, registries, host, upstream, ns)
+                return response
+            if read.flow.exempt:
                 response, cache = await exempt(request, read, settings, ns)
                 return response
             outcome = pacer.admit(read)
@@ -115,10 +113,10 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
                 response = answer_response(request, outcome, ns)
             else:
                 try:
-                    await pacer.spend(read)
-                    timeout = _timeout(outcome, read, settings, pacer.loop.time())
-                    upstream = _upstream(read, registries, timeout)
-                    response = await stream(request, registries, host, upstream, ns)
+                    async with pacer.upstream(read):
+                        timeout = _timeout(outcome, read, settings, pacer.loop.time())
+                        upstream = _upstream(read, registries, timeout)
+                        response = await stream(request, registries, host, upstream, ns)
                 finally:
                     outcome.done()
     except RegistryError as error:
@@ -146,7 +144,8 @@ async def exempt(
     until = pacer.blocked_until(read.host, now)
     if until is None:
         upstream = _upstream(read, registries, settings.check.timeout or None)
-        return await stream(request, registries, read.host, upstream, ns), "miss"
+        async with pacer.flow.seat(read.flow):  # never waits: counted as executing
+            return await stream(request, registries, read.host, upstream, ns), "miss"
     kept = pacer.kept.find(read)
     if kept is None:
         raise TooManyRequests(
@@ -282,6 +281,9 @@ async def status(request: web.Request) -> web.StreamResponse:
         ),
         kept=pacer.kept,
         quotas=pacer.quotas(now),
+        flow=status_models.flow_control_status(
+            pacer.flow.settings.server_concurrency_limit, pacer.flow.snapshot(), clock
+        ),
         resource=request.query.get("resource"),
         registry=request.query.get("registry"),
     )
@@ -293,7 +295,6 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
     app = web.Application()
     app[CONFIG] = config
     app[LOCATOR] = Locator(config)
-    app[EXEMPT] = ExemptReads(config)
     app[WINDOW_LOG] = WindowLog()
     app[PING_CACHE] = {}
     guard = AddressGuard() if transport is None else None
@@ -301,16 +302,16 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
 
     async def start(app: web.Application) -> None:
         loop = asyncio.get_running_loop()
-        metrics = app[METRICS] = Metrics(lambda: _views(app))
 
         def answered(
             host: str, method: str, status: int | None, headers: tuple[tuple[str, str], ...]
         ) -> None:
-            metrics.upstream_answered(host, method, status, headers)
+            app[METRICS].upstream_answered(host, method, status, headers)
             app[PACER].upstream_answered(host, method, status, headers)
 
         app[REGISTRIES] = Registries(config, upstream, loop.time, guard, answered)
         app[PACER] = Pacer(config, app[REGISTRIES])
+        app[METRICS] = Metrics(lambda: _views(app), app[PACER].flow.snapshot)
         app[PACER].observers.append(app[WINDOW_LOG].observe)
 
     async def stop(app: web.Application) -> None:

@@ -27,6 +27,7 @@ from kuikproxy.core.images import (
 )
 from kuikproxy.core.scheduler import Operation
 from kuikproxy.errors import Denied, NameInvalid, NotFound
+from kuikproxy.runtime.flow import FlowGate
 from kuikproxy.runtime.messages import KUIK_OPERATION, RegistryRequest
 
 _MAX_RESOURCE = 253
@@ -232,9 +233,14 @@ def image_of(host: str, route: Route, query: Query) -> Image:
 
 
 def classify(
-    request: web.Request, image: Image, query: tuple[tuple[str, str], ...], config: Config
+    request: web.Request,
+    image: Image,
+    query: tuple[tuple[str, str], ...],
+    config: Config,
+    flows: FlowGate,
 ) -> RegistryRequest:
-    """A manifest, blob, tag list or referrers read as the runtime paces it (§4.1, §4.3)."""
+    """A manifest, blob, tag list or referrers read as the runtime paces it (§4.1, §4.3), with
+    its priority level and flow (§10)."""
     if image.route == BLOBS:
         operation, opens = Operation.COPY, False
     elif image.route in (TAGS, REFERRERS):
@@ -245,15 +251,21 @@ def classify(
             operation, opens = Operation.CHECK, False
         else:
             operation, opens = Operation.COPY, not image.by_digest
+    resource = resource_of(request, config)
+    paced = config.registry(image.host).paced
+    flow = flows.classify(
+        resource, image.host, operation.value if paced else "unpaced", request.headers
+    )
     return RegistryRequest(
         host=image.host,
         image=image,
-        resource=resource_of(request, config),
+        resource=resource,
         operation=operation,
         method=request.method,
         opens=opens,
         sent=request.headers,
         auth=auth_key(request),
         accept=tuple(request.headers.getall("Accept", ())),
+        flow=flow,
         query=tuple((k, v) for k, v in query if k != "ns"),
     )

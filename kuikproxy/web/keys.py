@@ -11,13 +11,11 @@ from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.runtime.windowlog import WindowLog
 from kuikproxy.upstream.registries import Registries
 from kuikproxy.web.classify import Locator
-from kuikproxy.web.exempt import ExemptReads
 
 CONFIG = web.AppKey("config", Config)
 PACER = web.AppKey("pacer", Pacer)
 REGISTRIES = web.AppKey("registries", Registries)
 LOCATOR = web.AppKey("locator", Locator)
-EXEMPT = web.AppKey("exempt", ExemptReads)
 METRICS = web.AppKey("metrics", Metrics)
 WINDOW_LOG = web.AppKey("window_log", WindowLog)
 PING_CACHE = web.AppKey("ping_cache", dict[str, tuple[float, Answer]])

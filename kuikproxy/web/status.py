@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.quota import QuotaSnapshot
 from kuikproxy.core.scheduler import HostView, SeriesView
 from kuikproxy.durations import format_duration
@@ -112,8 +113,40 @@ class ConfigStatus(_Model):
     last_error: str | None = Field(alias="lastError")
 
 
+class ConditionStatus(_Model):
+    """A ``PriorityLevelConfigurationCondition``."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+    last_transition_time: str = Field(alias="lastTransitionTime")
+
+
+class PriorityLevelStatus(_Model):
+    name: str
+    type: str
+    limit_response: str | None = Field(alias="limitResponse", description="None when Exempt")
+    nominal_cl: int = Field(alias="nominalCL")
+    lendable_cl: int = Field(alias="lendableCL")
+    borrowing_cl: int | None = Field(alias="borrowingCL", description="None: unlimited")
+    current_cl: int = Field(alias="currentCL", description="the seats it may use now")
+    in_queue: int = Field(
+        alias="inQueue",
+        description="requests holding a place in its queues: waiting for a seat or, parked, "
+        "for their window",
+    )
+    parked: int = Field(description="of inQueue, those waiting for their window")
+    executing: int
+    dispatched: int = Field(description="requests given a seat since start")
+    rejected: int = Field(description="requests refused (429) since start")
+    rejected_by_reason: dict[str, int] = Field(alias="rejectedByReason")
+    conditions: list[ConditionStatus]
+
+
 class FlowControlStatus(_Model):
-    priority_levels: list[dict[str, object]] = Field(alias="priorityLevels")
+    server_concurrency_limit: int = Field(alias="serverConcurrencyLimit")
+    priority_levels: list[PriorityLevelStatus] = Field(alias="priorityLevels")
 
 
 class Status(_Model):
@@ -197,6 +230,7 @@ def build_status(
     config: ConfigStatus,
     kept: KeptAnswers,
     quotas: dict[str, QuotaSnapshot] | None = None,
+    flow: FlowControlStatus | None = None,
     resource: str | None = None,
     registry: str | None = None,
 ) -> Status:
@@ -237,5 +271,41 @@ def build_status(
             if resource is None or name == resource
         },
         cache=CacheStatus(entries=len(kept), bytes=kept.bytes, hits=kept.hits, misses=kept.misses),
-        flowControl=FlowControlStatus(priorityLevels=[]),
+        flowControl=flow or FlowControlStatus(serverConcurrencyLimit=0, priorityLevels=[]),
+    )
+
+
+def flow_control_status(
+    server_concurrency_limit: int, levels: tuple[LevelView, ...], clock: Clock
+) -> FlowControlStatus:
+    return FlowControlStatus(
+        serverConcurrencyLimit=server_concurrency_limit,
+        priorityLevels=[
+            PriorityLevelStatus(
+                name=level.name,
+                type=level.type.value,
+                limitResponse=None if level.limit_response is None else level.limit_response.value,
+                nominalCL=level.nominal_cl,
+                lendableCL=level.lendable_cl,
+                borrowingCL=level.borrowing_cl,
+                currentCL=level.current_cl,
+                inQueue=level.in_queue + level.parked,
+                parked=level.parked,
+                executing=level.executing,
+                dispatched=level.dispatched,
+                rejected=sum(level.rejected.values()),
+                rejectedByReason={str(k): v for k, v in level.rejected.items()},
+                conditions=[
+                    ConditionStatus(
+                        type=c.type,
+                        status=c.status,
+                        reason=c.reason,
+                        message=c.message,
+                        lastTransitionTime=clock.rfc3339(c.last_transition_time),
+                    )
+                    for c in level.conditions
+                ],
+            )
+            for level in levels
+        ],
     )

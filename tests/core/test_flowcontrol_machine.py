@@ -9,6 +9,7 @@ from kuikproxy.core.flowcontrol import (
     Admitted,
     FlowControl,
     LevelView,
+    Place,
     Queued,
     Rejected,
     RejectReason,
@@ -66,7 +67,10 @@ def test_queue_length_limit_rejects_at_the_door() -> None:
     refused = control.arrive("l", flow, T("x"), 0.0)
     assert refused == Rejected(RejectReason.QUEUE_FULL, 2.0)  # no pace known: 1 s × 2 queues
     assert control.waiting("l") == 6
-    assert view(control, "l").rejected == 1
+    assert view(control, "l").rejected == {
+        RejectReason.QUEUE_FULL: 1,
+        RejectReason.CONCURRENCY_LIMIT: 0,
+    }
     assert control.stored() <= 2 * 6 + 4
 
 
@@ -211,7 +215,7 @@ def test_conditions_report_sharing_and_saturation_with_transition_times() -> Non
     assert condition("workload", "Saturated") == ("False", "SeatsAvailable", 9.0)
     v = view(control, "workload")
     assert (v.nominal_cl, v.lendable_cl, v.borrowing_cl, v.current_cl) == (75, 38, None, 88)
-    assert (v.in_queue, v.executing, v.dispatched, v.rejected) == (0, 87, 90, 0)
+    assert (v.in_queue, v.executing, v.dispatched, sum(v.rejected.values())) == (0, 87, 90, 0)
 
 
 def test_a_jail_holds_requests_until_they_leave() -> None:
@@ -224,3 +228,64 @@ def test_a_jail_holds_requests_until_they_leave() -> None:
     assert control.finish("workload", 1.5) == []
     assert control.cancel(t, 2.0) == []
     assert control.waiting("jail") == 0
+
+
+# -- places: requests that wait for their window (SPEC §10) ------------------------------------
+
+
+def test_parked_requests_hold_places_and_a_full_hand_refuses_the_next() -> None:
+    """Hand of 2, queueLengthLimit 3: a flow parks at most 2 × 3 requests waiting for their
+    windows, in its hand's queues, least loaded first; the seventh is refused at the door."""
+    control = fc([limited("l", queues=4, hand_size=2, queue_length_limit=3)], 1)
+    flow = flow_id("s", "flood")
+    hand = hand_for(flow, 4, 2)
+    places = [control.park("l", flow) for _ in range(6)]
+    assert places == [Place("l", q) for q in [*hand, *hand, *hand]]
+    refused = control.park("l", flow)
+    assert isinstance(refused, Rejected) and refused.reason is RejectReason.QUEUE_FULL
+    v = view(control, "l")
+    assert (v.parked, v.in_queue, v.executing, v.rejected[RejectReason.QUEUE_FULL]) == (6, 0, 0, 1)
+    control.unpark(places[0])
+    assert control.park("l", flow) == Place("l", hand[0])
+
+
+def test_parking_wants_no_seat_and_moves_no_limit() -> None:
+    """Parked requests are not demand: a parked flow's level keeps lending its seats, and a
+    request arriving for a seat is admitted while thousands are parked beside it."""
+    control = fc(
+        [
+            limited("a", shares=50, lendable=50, queue_length_limit=2000),
+            limited("b", shares=50),
+        ],
+        10,
+    )
+    idle = (control.limit("a"), control.limit("b"))
+    for i in range(500):
+        assert isinstance(control.park("a", flow_id("s", f"r{i % 7}")), Place)
+    assert (control.limit("a"), control.limit("b")) == idle == (3, 7)  # a lends as if idle
+    assert control.arrive("a", flow_id("s", "r0"), T("go"), 0.0) == Admitted()
+    assert (view(control, "a").parked, control.executing("a")) == (500, 1)
+
+
+def test_parked_places_count_against_a_flows_seat_queue() -> None:
+    """A place is a place: a flow whose hand is full of parked requests cannot also queue for a
+    seat there — what one flow holds in kuikproxy stays within its hand."""
+    control = fc([limited("l", queues=4, hand_size=2, queue_length_limit=2)], 1)
+    flow = flow_id("s", "f")
+    assert control.arrive("l", flow_id("s", "other"), T("run"), 0.0) == Admitted()
+    for _ in range(4):
+        assert isinstance(control.park("l", flow), Place)
+    refused = control.arrive("l", flow, T("x"), 0.0)
+    assert isinstance(refused, Rejected) and refused.reason is RejectReason.QUEUE_FULL
+
+
+def test_a_reject_level_parks_as_many_as_it_has_seats() -> None:
+    """A Reject level has no queues: as many requests may wait for their windows as it has
+    seats now; an Exempt level never refuses a place."""
+    control = fc([limited("r", shares=1, reject=True), exempt("e")], 3)
+    assert [control.park("r", "f") for _ in range(3)] == [Place("r", -1)] * 3
+    refused = control.park("r", "f")
+    assert isinstance(refused, Rejected) and refused.reason is RejectReason.CONCURRENCY_LIMIT
+    assert all(control.park("e", "f") == Place("e", -1) for _ in range(100))
+    control.unpark(Place("r", -1))
+    assert control.park("r", "f") == Place("r", -1)

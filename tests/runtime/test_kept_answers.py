@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kuikproxy.core.images import Image
 from kuikproxy.core.scheduler import Operation
+from kuikproxy.runtime.flow import Flow
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.messages import Answer, RegistryRequest
 
@@ -36,6 +37,7 @@ def request(
         sent=(),
         auth=auth,
         accept=accept,
+        flow=Flow("checks", "checks\x00r", exempt=False),
     )
 
 

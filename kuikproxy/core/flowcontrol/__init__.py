@@ -33,7 +33,9 @@ never queue: no free seat, no entry.
 **The machine** (:mod:`.machine`). :class:`FlowControl` is pure, like the pacing scheduler: the
 runtime feeds it ``arrive`` (a request came: :class:`Admitted`, :class:`Queued` or
 :class:`Rejected` with a retry estimate), ``finish`` (a request that held a seat ended: the
-tickets that may run now) and ``cancel`` (a waiting client left), each with ``now``, and reads
+tickets that may run now) and ``cancel`` (a waiting client left), each with ``now``; ``park`` and
+``unpark`` for requests that wait for their window rather than a seat (they hold a place in
+their flow's queues, bounding what a flow parks, but want no seat); and it reads
 ``snapshot`` for ``/status``: per level its seat numbers, current limit, queued, executing,
 rejected, and ``conditions`` as ``PriorityLevelConfigurationStatus`` has them:
 
@@ -76,6 +78,7 @@ from kuikproxy.core.flowcontrol.machine import (
     Decision,
     FlowControl,
     LevelView,
+    Place,
     Queued,
     Rejected,
     RejectReason,
@@ -103,6 +106,7 @@ __all__ = [
     "LimitResponse",
     "LimitResponseType",
     "LimitedPriorityLevelConfiguration",
+    "Place",
     "PriorityLevelConfiguration",
     "QueueSet",
     "Queued",

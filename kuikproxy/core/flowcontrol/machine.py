@@ -55,6 +55,17 @@ class Rejected:
 
 Decision = Admitted | Queued | Rejected
 
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A place in a level's queues held by a request that waits for its window, not a seat
+    (SPEC §10); given back with :meth:`FlowControl.unpark`. ``queue`` is -1 on a level
+    without queues."""
+
+    level: str
+    queue: int
+
+
 ADMITTED = Admitted()
 
 
@@ -78,10 +89,11 @@ class LevelView:
     lendable_cl: int
     borrowing_cl: int | None  # None: unlimited
     current_cl: int  # for an Exempt level: the seats it keeps from lending, not a limit
-    in_queue: int
+    in_queue: int  # waiting for a seat
+    parked: int  # holding a place while waiting for their window
     executing: int
     dispatched: int
-    rejected: int
+    rejected: dict[RejectReason, int]
     conditions: tuple[Condition, ...]
 
 
@@ -95,6 +107,8 @@ class _Level(Generic[T]):
         "gap",
         "index",
         "limit",
+        "parked",
+        "places",
         "queueset",
         "rejected",
         "seats",
@@ -106,10 +120,14 @@ class _Level(Generic[T]):
         self.seats = seats
         queuing = config.queuing
         self.queueset: QueueSet[T] | None = None if queuing is None else QueueSet(queuing)
+        # the places handed out, one object per queue (a parked request keeps a reference)
+        queues = range(-1, 0) if queuing is None else range(queuing.queues)
+        self.places = tuple(Place(config.name, queue) for queue in queues)
+        self.parked = 0
         self.executing = 0
         self.limit = 0
         self.dispatched = 0
-        self.rejected = 0
+        self.rejected = dict.fromkeys(RejectReason, 0)
         self.gap: float | None = None  # mean time between finishes while busy
         self.busy_finish: float | None = None  # the last finish that found the level busy
         self.conditions: dict[str, Condition] = {}
@@ -180,18 +198,49 @@ class FlowControl(Generic[T]):
                 return ADMITTED
             self._demand[i] -= 1
             if qs is None:
-                lv.rejected += 1
-                return Rejected(RejectReason.CONCURRENCY_LIMIT, self._estimate(lv, 1))
+                return self._reject(lv, RejectReason.CONCURRENCY_LIMIT, 1)
         # no free seat, or others wait already: queue behind them, fairly
         index, length = qs.choose(flow)
         if qs.full(length):
-            lv.rejected += 1
-            return Rejected(RejectReason.QUEUE_FULL, self._estimate(lv, qs.active_queues()))
+            return self._reject(lv, RejectReason.QUEUE_FULL, qs.active_queues())
         self._demand[i] += 1
         qs.enqueue(index, ticket)
         self._where[ticket] = (lv, index)
         self._arrived(lv, now)
         return Queued(index)
+
+    def park(self, level: str, flow: str) -> Place | Rejected:
+        """A request of ``flow`` for ``level`` is about to wait for its window: it takes a place
+        in the least-loaded queue of the flow's hand, or is refused when that queue is full, so
+        a flow parks at most ``handSize × queueLengthLimit`` (SPEC §10). A parked request wants
+        no seat: parking moves no limit and dispatches nothing.
+
+        A ``Reject`` level has no queues; it lets as many requests wait for their windows as it
+        has seats now (it is for traffic that should not wait). An Exempt level never refuses.
+        """
+        lv = self._level(level)
+        qs = lv.queueset
+        if qs is None:
+            if not lv.exempt and lv.parked >= lv.limit:
+                return self._reject(lv, RejectReason.CONCURRENCY_LIMIT, 1)
+            lv.parked += 1
+            return lv.places[0]
+        index, length = qs.choose(flow)
+        if qs.full(length):
+            return self._reject(lv, RejectReason.QUEUE_FULL, qs.active_queues())
+        qs.park(index)
+        lv.parked += 1
+        return lv.places[index]
+
+    def unpark(self, place: Place) -> None:
+        """A parked request stopped waiting for its window (released, refused, or its client
+        left): its place is free. If it goes upstream next, it ``arrive``s for a seat."""
+        lv = self._level(place.level)
+        if lv.parked <= 0:
+            raise ValueError(f"priority level {place.level!r} has nothing parked")
+        lv.parked -= 1
+        if lv.queueset is not None:
+            lv.queueset.unpark(place.queue)
 
     def finish(self, level: str, now: float) -> list[T]:
         """A request of ``level`` that was admitted or dispatched ended (answered, failed, or
@@ -257,6 +306,10 @@ class FlowControl(Generic[T]):
             if changed:
                 self._conditions(level, now)
         return released
+
+    def _reject(self, lv: _Level[T], reason: RejectReason, turns: int) -> Rejected:
+        lv.rejected[reason] += 1
+        return Rejected(reason, self._estimate(lv, turns))
 
     def _estimate(self, lv: _Level[T], turns: int) -> float:
         """Seconds until ``turns`` more finishes at the level's recent pace (a guess from the
@@ -343,9 +396,10 @@ class FlowControl(Generic[T]):
                     borrowing_cl=lv.seats.borrowing,
                     current_cl=lv.limit,
                     in_queue=lv.waiting,
+                    parked=lv.parked,
                     executing=lv.executing,
                     dispatched=lv.dispatched,
-                    rejected=lv.rejected,
+                    rejected=dict(lv.rejected),
                     conditions=tuple(lv.conditions.values()),
                 )
             )

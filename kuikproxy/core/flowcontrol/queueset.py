@@ -1,9 +1,12 @@
 """The queues of one ``Queue`` level: shuffle-sharded placement and virtual-time fair dispatch.
 
 Placement: a flow's hand (:mod:`~kuikproxy.core.flowcontrol.sharding`) is scanned in hand
-order and the request joins the queue with the fewest waiting requests — the least waiting work,
+order and the request joins the queue with the fewest requests in it — the least waiting work,
 every request costing one seat — ties to the first in hand order; when that queue already holds
-``queueLengthLimit`` requests the request is refused. (Kubernetes starts the scan at a rotating
+``queueLengthLimit`` requests the request is refused. A queue's length counts its *parked*
+requests too: those waiting for their window rather than a seat (SPEC §10). They hold a place,
+so a flow parks at most ``handSize × queueLengthLimit``, but they are only counted — fair
+queuing dispatches seat waiters alone. (Kubernetes starts the scan at a rotating
 offset to spread ties; a fixed start keeps placement a function of the flow and the queues.)
 
 Dispatch is Kubernetes' fair queuing with every request costing one unit of virtual work:
@@ -47,6 +50,7 @@ class QueueSet(Generic[T]):
         "_start",
         "_virtual",
         "config",
+        "parked",
         "queues",
         "waiting",
     )
@@ -61,16 +65,17 @@ class QueueSet(Generic[T]):
         self._entry: list[int] = [0] * config.queues  # seq of each queue's live heap entry
         self._active = 0  # queues with something waiting
         self.waiting = 0
+        self.parked = [0] * config.queues  # places held by requests waiting for their window
 
     def hand(self, flow: str) -> list[int]:
         return hand_for(flow, self.config.queues, self.config.hand_size)
 
     def choose(self, flow: str) -> tuple[int, int]:
-        """The queue of the flow's hand with the least waiting (first in hand order) and its
-        length; the queue is full when the length reaches ``queueLengthLimit``."""
+        """The queue of the flow's hand with the fewest requests, waiting or parked (first in
+        hand order), and that number; the queue is full when it reaches ``queueLengthLimit``."""
         best, length = -1, -1
         for index in self.hand(flow):
-            here = len(self.queues[index])
+            here = len(self.queues[index]) + self.parked[index]
             if best < 0 or here < length:
                 best, length = index, here
                 if here == 0:
@@ -89,6 +94,12 @@ class QueueSet(Generic[T]):
         queue[ticket] = None
         self.waiting += 1
 
+    def park(self, index: int) -> None:
+        self.parked[index] += 1
+
+    def unpark(self, index: int) -> None:
+        self.parked[index] -= 1
+
     def _push(self, index: int) -> None:
         self._seq += 1
         self._entry[index] = self._seq
@@ -105,6 +116,8 @@ class QueueSet(Generic[T]):
         if not queue:
             self._active -= 1
             self._entry[index] = 0  # its heap entry is stale now
+            if not self._active:
+                self._heap.clear()  # every entry is stale: an idle level holds nothing
 
     def dispatch(self) -> T | None:
         """The head of the queue whose turn it is, or None when nothing waits."""

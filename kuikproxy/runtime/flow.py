@@ -1,0 +1,231 @@
+"""Flow control on the event loop (SPEC §10): the pure machine's decisions as futures.
+
+:class:`FlowGate` classifies a request into its priority level and flow (the first matching
+flow schema), gives a request that waits for its window a *place* in its flow's queues, and a
+request about to go upstream a *seat*:
+
+* a place (:meth:`FlowGate.park`) is taken when the scheduler holds a request and given back
+  when the hold ends, whatever ended it; a flow whose hand is full is refused at the door (429),
+  so what one flow parks is bounded by ``handSize × queueLengthLimit``;
+* a seat (:meth:`FlowGate.take`, then :meth:`FlowGate.give_back`) is held from just before the
+  upstream request until its answer has been relayed; a request that finds none waits in its
+  flow's queue for fair queuing to pick it, or is refused (429) when the queue is full or its
+  level rejects.
+
+Exempt levels take neither (P14): their requests are counted as executing, nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+
+from kuikproxy.config import FlowControl as FlowSettings
+from kuikproxy.config import FlowSchema, PriorityLevel
+from kuikproxy.config import Operation as FlowOperation
+from kuikproxy.core.flowcontrol import (
+    Admitted,
+    ExemptPriorityLevelConfiguration,
+    FlowControl,
+    LevelType,
+    LevelView,
+    LimitedPriorityLevelConfiguration,
+    LimitResponse,
+    LimitResponseType,
+    Place,
+    PriorityLevelConfiguration,
+    QueuingConfiguration,
+    Rejected,
+    RejectReason,
+    flow_id,
+)
+from kuikproxy.errors import TooManyRequests
+
+CLASSIFIED = 16384  # (resource, host, operation, user agent) classifications kept
+
+
+def core_level(level: PriorityLevel) -> PriorityLevelConfiguration:
+    """A configured priority level as the pure core models it."""
+    if level.type == "Exempt":
+        spec = level.exempt or ExemptPriorityLevelConfiguration()
+        return PriorityLevelConfiguration(
+            level.name,
+            LevelType.EXEMPT,
+            exempt=ExemptPriorityLevelConfiguration(
+                spec.nominal_concurrency_shares, spec.lendable_percent
+            ),
+        )
+    limited = level.limited
+    assert limited is not None  # validated: a Limited level has its settings
+    queuing = limited.limit_response.queuing
+    response = LimitResponse(
+        LimitResponseType(limited.limit_response.type),
+        None
+        if queuing is None
+        else QueuingConfiguration(queuing.queues, queuing.hand_size, queuing.queue_length_limit),
+    )
+    return PriorityLevelConfiguration(
+        level.name,
+        LevelType.LIMITED,
+        limited=LimitedPriorityLevelConfiguration(
+            limited.nominal_concurrency_shares,
+            limited.lendable_percent,
+            limited.borrowing_limit_percent,
+            response,
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """Where a request stands in flow control: its level and flow (schema + distinguisher)."""
+
+    level: str
+    id: str
+    exempt: bool
+
+
+@dataclass(eq=False, slots=True)
+class _Seat:
+    """A request waiting for a seat: the machine's ticket."""
+
+    future: asyncio.Future[None]
+    level: str
+
+
+class FlowGate:
+    """Every priority level's places and seats, on one event loop."""
+
+    def __init__(self, settings: FlowSettings, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.settings = settings
+        levels = [core_level(level) for level in settings.priority_levels]
+        self.machine: FlowControl[_Seat] = FlowControl(
+            levels, settings.server_concurrency_limit, loop.time()
+        )
+        self._exempt = {level.name for level in levels if level.type is LevelType.EXEMPT}
+        # Schemas that read headers other than User-Agent make every request its own case;
+        # otherwise a request's traits repeat and their classification is kept.
+        by_headers = any(rule.headers for schema in settings.flow_schemas for rule in schema.rules)
+        self._classified = None if by_headers else lru_cache(maxsize=CLASSIFIED)(self._flow)
+
+    # -- classification ------------------------------------------------------------------------
+
+    def classify(
+        self, resource: str, host: str, operation: FlowOperation, headers: Mapping[str, str]
+    ) -> Flow:
+        """The flow of a request: the first flow schema it matches, in matching order."""
+        user_agent = headers.get("User-Agent", "")
+        if self._classified is not None:
+            return self._classified(resource, host, operation, user_agent)
+        return self._flow(resource, host, operation, user_agent, headers)
+
+    def _flow(
+        self,
+        resource: str,
+        host: str,
+        operation: FlowOperation,
+        user_agent: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> Flow:
+        schema = self.settings.match(
+            resource=resource,
+            host=host,
+            operation=operation,
+            user_agent=user_agent,
+            headers=headers,
+        )
+        # catch-all matches every request, and a configured catch-all must match too (it
+        # replaces the built-in one by name), so a schema is always found
+        assert schema is not None
+        level = schema.priority_level
+        return Flow(level, flow_id(schema.name, _distinguisher(schema, resource, host)),
+                    level in self._exempt)  # fmt: skip
+
+    # -- places ----------------------------------------------------------------------------------
+
+    def park(self, flow: Flow, at_least: float) -> Place:
+        """A place for a request about to wait for its window, or a 429 when its flow's queues
+        are full; its ``Retry-After`` is at least ``at_least`` seconds (the next window)."""
+        place = self.machine.park(flow.level, flow.id)
+        if isinstance(place, Rejected):
+            raise _refusal(flow, place, at_least)
+        return place
+
+    def unpark(self, place: Place) -> None:
+        self.machine.unpark(place)
+
+    # -- seats -----------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def seat(self, flow: Flow) -> AsyncIterator[None]:
+        """Hold one of the level's seats for the upstream request made inside."""
+        await self.take(flow)
+        try:
+            yield
+        finally:
+            self.give_back(flow)
+
+    def give_back(self, flow: Flow) -> None:
+        """The request that held a seat of ``flow``'s level ended: the next may have it."""
+        self._dispatch(self.machine.finish(flow.level, self.loop.time()))
+
+    async def take(self, flow: Flow) -> None:
+        """Wait for a seat of the flow's level (429 when refused); give it back after."""
+        ticket = _Seat(self.loop.create_future(), flow.level)
+        decision = self.machine.arrive(flow.level, flow.id, ticket, self.loop.time())
+        if isinstance(decision, Admitted):
+            return
+        if isinstance(decision, Rejected):
+            raise _refusal(flow, decision, 0.0)
+        try:
+            await ticket.future
+        except asyncio.CancelledError:
+            now = self.loop.time()
+            if ticket.future.cancelled():  # left while queued (or as it was picked: see below)
+                self._dispatch(self.machine.cancel(ticket, now))
+            else:  # a seat came, and the client left before it could use it
+                self._dispatch(self.machine.finish(flow.level, now))
+            raise
+
+    def _dispatch(self, tickets: list[_Seat]) -> None:
+        """Give seats to the tickets the machine picked. One whose client has just left (its
+        future cancelled, its ``cancel`` not yet run) gives its seat straight back."""
+        while tickets:
+            ticket = tickets.pop(0)
+            if ticket.future.done():
+                tickets.extend(self.machine.finish(ticket.level, self.loop.time()))
+            else:
+                ticket.future.set_result(None)
+
+    def snapshot(self) -> tuple[LevelView, ...]:
+        return self.machine.snapshot()
+
+
+def _distinguisher(schema: FlowSchema, resource: str, host: str) -> str:
+    method = schema.distinguisher_method
+    if method is None:
+        return ""
+    return resource if method.type == "ByResource" else host
+
+
+def _refusal(flow: Flow, rejected: Rejected, at_least: float) -> TooManyRequests:
+    retry_after = max(rejected.retry_after, at_least)
+    why = (
+        "its flow's queues are full"
+        if rejected.reason is RejectReason.QUEUE_FULL
+        else "no seat is free and the level does not queue"
+    )
+    return TooManyRequests(
+        f"priority level {flow.level!r} refused the request: {why}",
+        detail={
+            "priorityLevel": flow.level,
+            "reason": str(rejected.reason),
+            "retryAfterSeconds": math.ceil(retry_after),
+        },
+        retry_after=retry_after,
+    )

@@ -1,0 +1,235 @@
+"""Flow control through the proxy (SPEC §10, issue 5 acceptance 2): one flow floods 10,000
+requests, a second sends 10 on the same Limited level.
+
+Two places where a flood is held back, one test each:
+
+* **places** — on a paced host every request waits for its window, holding a place in its
+  flow's queues: the flood parks at most ``handSize × queueLengthLimit`` and the rest is refused
+  at the door (429 + ``Retry-After``), while the quiet flow's images come in its turns (P4);
+* **seats** — where requests go upstream at once (a host kuik owns, ``paced: false``), the
+  level's seats are shared by fair queuing: the quiet flow gets its turn each round however long
+  the flood's queues are, and the flood beyond its queues is refused.
+
+Both print the wait distribution of each flow (``pytest -s`` shows it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from kuikproxy.config import parse_config
+from kuikproxy.web.app import build_app
+from kuikproxy.web.keys import PACER
+from tests.upstream_app import Registry
+
+pytestmark = pytest.mark.looptime
+
+FLOOD, QUIET = 10_000, 10
+HAND, QUEUE_LENGTH = 8, 50  # a flow parks or queues at most 8 × 50 = 400
+LEVEL = f"""\
+      limited:
+        nominalConcurrencyShares: 10
+        limitResponse:
+          type: Queue
+          queuing: {{queues: 64, handSize: {HAND}, queueLengthLimit: {QUEUE_LENGTH}}}
+"""
+
+
+@dataclass
+class Outcome:
+    status: int
+    waited: float
+    retry_after: int | None
+    body: dict[str, Any]
+
+
+@dataclass
+class Proxy:
+    session: aiohttp.ClientSession
+    base: str
+    app: web.Application
+    registry: Registry
+
+    def get(self, path: str, resource: str = "") -> Any:
+        # a check, as a GET so that refusals carry their body (a GET by tag would open a copy)
+        headers = {"Kuik-Resource": resource, "Kuik-Operation": "check"}
+        return self.session.get(self.base + path, headers=headers)
+
+
+@asynccontextmanager
+async def proxy(
+    aiohttp_server: Callable[..., Awaitable[TestServer]], config: str
+) -> AsyncIterator[Proxy]:
+    """kuikproxy before a recording registry, listening with a backlog that takes a flood's
+    connections at once (the test server's 128 would leave the kernel retrying SYNs in real
+    time while looptime's clock runs ahead), and a client that may open 1,000 connections."""
+    fake = Registry()
+    server = await aiohttp_server(fake.app())
+    app = build_app(parse_config(config.replace("PORT", str(server.port))))
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=2048)
+    await site.start()
+    port = runner.addresses[0][1]
+    connector = aiohttp.TCPConnector(limit=1000)
+    timeout = aiohttp.ClientTimeout(total=None)
+    try:
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            yield Proxy(session, f"http://127.0.0.1:{port}", app, fake)
+    finally:
+        await runner.cleanup()
+
+
+async def send(
+    client: Proxy, count: int, resource: str, path: Callable[[int], str]
+) -> list[Outcome]:
+    loop = asyncio.get_running_loop()
+
+    async def one(i: int) -> Outcome:
+        sent = loop.time()
+        async with client.get(path(i), resource) as response:
+            body = await response.json() if response.status != 200 else {}
+            await response.read()
+            retry_after = response.headers.get("Retry-After")
+            return Outcome(
+                response.status,
+                loop.time() - sent,
+                None if retry_after is None else int(retry_after),
+                body,
+            )
+
+    return list(await asyncio.gather(*(one(i) for i in range(count))))
+
+
+def waits(name: str, outcomes: list[Outcome]) -> list[float]:
+    served = sorted(o.waited for o in outcomes if o.status == 200)
+    refused = sum(1 for o in outcomes if o.status == 429)
+    if served:
+        q = statistics.quantiles(served, n=10, method="inclusive") if len(served) > 1 else served
+        print(
+            f"\n{name}: {len(served)} served, {refused} refused; wait (s) min {served[0]:.2f} "
+            f"p10 {q[0]:.2f} p50 {statistics.median(served):.2f} p90 {q[-1]:.2f} "
+            f"max {served[-1]:.2f}"
+        )
+    return served
+
+
+def assert_refusals(outcomes: list[Outcome], level: str) -> None:
+    """Every refusal is kuikproxy's own: 429 TOOMANYREQUESTS naming the level, with a
+    Retry-After of at least a second."""
+    for o in outcomes:
+        if o.status != 200:
+            assert o.status == 429
+            assert o.retry_after is not None and o.retry_after >= 1
+            (error,) = o.body["errors"]
+            assert error["code"] == "TOOMANYREQUESTS"
+            assert error["detail"]["priorityLevel"] == level
+
+
+async def test_a_flood_parks_at_most_its_hand_and_the_quiet_flow_keeps_its_turns(
+    aiohttp_server: Callable[..., Awaitable[TestServer]],
+) -> None:
+    """10,000 checks of distinct images from one resource, 10 from another, on a host read one
+    image per 200 ms: the flood holds at most 400 places and the rest is refused at once; the
+    quiet resource's images are read in its turns, alternating with the flood's (P4)."""
+    config = (
+        "flowControl:\n  priorityLevels:\n    - name: checks\n      type: Limited\n"
+        + LEVEL
+        + "registries:\n  reg.test:\n    upstream: http://127.0.0.1:PORT\n"
+        "    check: {interval: 200ms}\n"
+    )
+    async with proxy(aiohttp_server, config) as client:
+        await flood_paced(client)
+
+
+async def flood_paced(client: Proxy) -> None:
+    pacer = client.app[PACER]
+    most_held = 0
+
+    async def sample() -> None:
+        nonlocal most_held
+        while True:
+            most_held = max(most_held, pacer.held())
+            await asyncio.sleep(0.05)
+
+    sampler = asyncio.ensure_future(sample())
+    flood = asyncio.ensure_future(
+        send(client, FLOOD, "flood", lambda i: f"/v2/app/manifests/f{i:05}?ns=reg.test")
+    )
+    await asyncio.sleep(0.1)  # the flood has filled its hand
+    quiet = await send(client, QUIET, "quiet", lambda i: f"/v2/app/manifests/q{i}?ns=reg.test")
+    flooded = await flood
+    sampler.cancel()
+
+    quiet_waits = waits("quiet", quiet)
+    flood_waits = waits("flood", flooded)
+    assert [o.status for o in quiet] == [200] * QUIET
+    # turns: the quiet images are read every other window, the first one at the next window
+    assert max(quiet_waits) <= 0.2 * (2 * QUIET + 1)
+    served = len(flood_waits)
+    assert HAND * QUEUE_LENGTH <= served < FLOOD // 10
+    assert_refusals(flooded, "checks")
+    assert most_held <= HAND * QUEUE_LENGTH + QUIET  # bounded, never the whole flood
+    status = await (await client.get("/status")).json()
+    (checks,) = [p for p in status["flowControl"]["priorityLevels"] if p["name"] == "checks"]
+    assert checks["rejectedByReason"]["queue-full"] == FLOOD - served
+    assert (checks["inQueue"], checks["parked"], checks["executing"]) == (0, 0, 0)
+    # one read per image, none for a refused one
+    assert len(client.registry.reads()) == served + QUIET
+
+
+async def test_the_quiet_flow_gets_its_seats_while_the_flood_queues(
+    aiohttp_server: Callable[..., Awaitable[TestServer]],
+) -> None:
+    """A host kuik owns (unpaced), each answer taking 1 s, a level of 10 seats: the flood fills
+    its seats and its 400 places, the rest is refused; the quiet flow, arriving after, is
+    dispatched within about two rounds of fair queuing — it does not wait behind the flood."""
+    config = (
+        "flowControl:\n  serverConcurrencyLimit: 75\n  priorityLevels:\n"
+        "    - name: bulk\n      type: Limited\n" + LEVEL + "  flowSchemas:\n"
+        # precedence 1 like the built-in exempt schema for unpaced requests: ties go by name
+        "    - name: bulk\n      matchingPrecedence: 1\n"
+        "      priorityLevelConfiguration: {name: bulk}\n"
+        "      distinguisherMethod: {type: ByResource}\n"
+        "      rules: [{hosts: [bulk.test]}]\n"
+        "registries:\n  bulk.test:\n    upstream: http://127.0.0.1:PORT\n    paced: false\n"
+    )
+    async with proxy(aiohttp_server, config) as client:
+        client.registry.delay = 1.0
+        await flood_unpaced(client)
+
+
+async def flood_unpaced(client: Proxy) -> None:
+    flood = asyncio.ensure_future(
+        send(client, FLOOD, "flood", lambda i: f"/v2/app/manifests/f{i:05}?ns=bulk.test")
+    )
+    await asyncio.sleep(0.1)
+    status = await (await client.get("/status")).json()
+    (bulk,) = [p for p in status["flowControl"]["priorityLevels"] if p["name"] == "bulk"]
+    assert (bulk["currentCL"], bulk["executing"], bulk["inQueue"]) == (10, 10, HAND * QUEUE_LENGTH)
+    assert {c["type"]: c["reason"] for c in bulk["conditions"]}["Saturated"] == "RequestsQueued"
+    quiet = await send(client, QUIET, "quiet", lambda i: f"/v2/app/manifests/q{i}?ns=bulk.test")
+    flooded = await flood
+
+    quiet_waits = waits("quiet", quiet)
+    flood_waits = waits("flood", flooded)
+    assert [o.status for o in quiet] == [200] * QUIET
+    # Each queue holding requests gets one turn per round: the flood's eight, and the few of
+    # its hand the quiet flow's ten spread over (the least loaded, so not the flood's) — a
+    # round of 8 + k turns takes (8 + k) / 10 s, and the quiet flow needs ceil(10 / k) rounds.
+    # With this hand that is under 4 s, where the flood's last queued request waits 42 s.
+    assert max(quiet_waits) <= 4.0
+    assert max(flood_waits) >= (HAND * QUEUE_LENGTH) / 10  # the flood waits its own turns
+    assert len(flood_waits) == 10 + HAND * QUEUE_LENGTH
+    assert_refusals(flooded, "bulk")
+    assert len(client.registry.reads()) == len(flood_waits) + QUIET
