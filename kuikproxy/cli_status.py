@@ -176,7 +176,43 @@ def render(document: Document, now: datetime, color: bool = False) -> str:
         )
     else:
         parts.append("no ring yet")
+    parts += ["", *priority_levels(document)]
     return "\n".join(parts) + "\n"
+
+
+def priority_levels(document: Document) -> list[str]:
+    """The flow-control table (§10): each level's seats, queues and refusals."""
+    levels: list[Document] = document.get("flowControl", {}).get("priorityLevels", [])
+    rows = []
+    for level in levels:
+        saturated = next((c for c in level["conditions"] if c["type"] == "Saturated"), None)
+        borrowing = "-" if level["borrowingCL"] is None else level["borrowingCL"]
+        rows.append(
+            [
+                _text(level["name"]),
+                _text(level["type"]),
+                f"{level['nominalCL']}/{level['lendableCL']}/{borrowing}",
+                str(level["currentCL"]),
+                str(level["executing"]),
+                str(level["inQueue"] - level["parked"]),
+                str(level["parked"]),
+                str(level["rejected"]),
+                "-" if saturated is None else _text(saturated["reason"]),
+            ]
+        )
+    title = f"PRIORITY LEVELS ({len(rows)})"
+    if not rows:
+        return [title, "no priority level"]
+    return [
+        title,
+        table(
+            ["LEVEL", "TYPE", "NOMINAL/LENDABLE/BORROWING", "LIMIT", "EXECUTING", "QUEUED",
+             "PARKED", "REJECTED", "SATURATED"],
+            rows,
+            frozenset({3, 4, 5, 6, 7}),
+        ),
+        "QUEUED waits for a seat, PARKED for its window; both hold places in the level's queues",
+    ]  # fmt: skip
 
 
 # -- the command --------------------------------------------------------------------------------

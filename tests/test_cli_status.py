@@ -77,6 +77,18 @@ async def test_status_prints_the_same_rings_as_the_status_document(
         for ring in resource["checks"]["registries"]
     )
     assert sorted(next(c for c in row if c.startswith("x")) for row in rings_in(output)) == ratios
+    levels = output[output.index("PRIORITY LEVELS") :].splitlines()
+    shown = {line.split()[0]: line.split()[1:4] for line in levels[2:-1]}
+    borrowing = {None: "-"}
+    assert shown == {
+        level["name"]: [
+            level["type"],
+            f"{level['nominalCL']}/{level['lendableCL']}/"
+            f"{borrowing.get(level['borrowingCL'], level['borrowingCL'])}",
+            str(level["currentCL"]),
+        ]
+        for level in document["flowControl"]["priorityLevels"]
+    }
 
 
 async def test_status_watch_redraws_until_ctrl_c_and_exits_0(

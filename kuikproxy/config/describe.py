@@ -19,7 +19,7 @@ from kuikproxy.config.flow import (
     PriorityLevel,
 )
 from kuikproxy.config.models import DEFAULT_BLOCK, Config, RegistrySettings
-from kuikproxy.config.quotas import QUOTA_PRESETS, QuotaSettings
+from kuikproxy.config.quotas import QuotaSettings
 from kuikproxy.durations import format_duration
 
 __all__ = ["describe"]
@@ -74,10 +74,12 @@ def _quota(quota: QuotaSettings) -> list[str]:
     if quota.preset is None and not quota.buckets:
         return ["  quota: none"]
     head = "  quota: " + (f"preset {quota.preset}" if quota.preset else "no preset")
+    if quota.preset and quota.share != 1:
+        head += f" at share {quota.share:g}"
     if quota.learns_from_headers:
         head += " (manifest GETs per identity, limit read from ratelimit headers)"
     lines = [head]
-    preset = QUOTA_PRESETS[quota.preset] if quota.preset else ()
+    preset = quota.preset_buckets()
     for bucket in quota.buckets:
         origin = "" if bucket in preset else " (explicit)"
         lines.append(

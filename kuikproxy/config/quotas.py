@@ -7,6 +7,7 @@
         quota:
           preset: acr-standard         # acr-basic | acr-standard | acr-premium
                                        # | dockerhub-anonymous | dockerhub-authenticated
+          share: 0.5                   # of the preset's rates this proxy may use (default 1)
           buckets:                     # on top of the preset
             - {category: DataplaneRead, scope: identity, ratePerMinute: 2500, burst: 42}
 
@@ -26,6 +27,9 @@ Decisions:
   ``preset`` with a host's ``buckets`` gives that host both; a host writes ``preset: null`` or
   ``buckets: []`` to drop the default's. A ``registry``-scoped bucket set in ``default`` is
   still one bucket *per host*.
+- ``share`` scales a preset's rates (and so its bursts) for a registry budget that several
+  proxies or clusters spend: two clusters behind one egress IP each take ``share: 0.5``.
+  Explicit buckets are taken as written.
 - Preset bursts are one second's worth of tokens (``ceil(ratePerMinute / 60)``): a token bucket
   cannot reproduce a registry's per-minute count exactly, and this keeps any minute within
   1/60 of the published rate while letting a short burst of blob requests through at once.
@@ -45,7 +49,7 @@ from pydantic import model_validator as _model_validator
 from pydantic.dataclasses import dataclass
 
 from kuikproxy.config.base import MODEL_CONFIG, Loc, NestedErrors, PositiveInt
-from kuikproxy.core.quota import PRESETS, BucketSpec
+from kuikproxy.core.quota import PRESETS, BucketSpec, preset
 
 __all__ = [
     "DOCKER_HUB_PRESETS",
@@ -88,6 +92,14 @@ def _rate(value: float) -> float:
 
 
 Rate = Annotated[float, BeforeValidator(_number), AfterValidator(_rate)]
+
+
+def _share(value: float) -> float:
+    if not 0 < value <= 1:
+        raise ValueError("must be greater than 0 and at most 1")
+    return value
+
+
 """Tokens per minute, a finite number greater than 0."""
 
 
@@ -150,6 +162,8 @@ class QuotaSettings:
 
     preset: QuotaPreset | None = None
     """The registry's published limits, or ``None``."""
+    share: Annotated[float, BeforeValidator(_number), AfterValidator(_share)] = 1.0
+    """The part of the preset's rates this proxy may use, ``0 < share <= 1``."""
     buckets: tuple[QuotaBucket, ...] = ()
     """The buckets to enforce (after validation: the preset's, replaced or extended)."""
 
@@ -170,11 +184,16 @@ class QuotaSettings:
                 first[bucket.key] = index
         if problems:
             raise NestedErrors(problems)
-        preset = QUOTA_PRESETS[self.preset] if self.preset is not None else ()
-        effective = {bucket.key: bucket for bucket in preset}
+        effective = {bucket.key: bucket for bucket in self.preset_buckets()}
         effective.update((bucket.key, bucket) for bucket in self.buckets)
         object.__setattr__(self, "buckets", tuple(sorted(effective.values(), key=_sort_key)))
         return self
+
+    def preset_buckets(self) -> tuple[QuotaBucket, ...]:
+        """The preset's fixed buckets at this ``share`` of their rates (none without one)."""
+        if self.preset is None:
+            return ()
+        return _from_core(preset(self.preset, scale=self.share))
 
     @property
     def learns_from_headers(self) -> bool:

@@ -2,8 +2,9 @@
 
 Two kinds. The pacing state — ring sizes, laps, intervals, window outcomes, waiting requests,
 blocks — is the scheduler's, read at scrape time from its snapshots (:class:`PacingCollector`),
-never kept twice. Events — requests answered, upstream requests, waits — are counted as they
-happen (:class:`Metrics`).
+never kept twice; so are the priority levels' (:class:`FlowControlCollector`) and the quota
+buckets' (:class:`QuotaCollector`). Events — requests answered, upstream requests, waits — are
+counted as they happen (:class:`Metrics`).
 
 Three names are the pacing document's own, so its health query works unchanged::
 
@@ -15,7 +16,8 @@ Labels are bounded: registries and resources, never an image reference.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import (
     CollectorRegistry,
@@ -28,12 +30,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kuikproxy.core.flowcontrol import LevelView
+from kuikproxy.core.quota import BucketView, QuotaSnapshot
 from kuikproxy.core.scheduler import HostView
 
 # waits range from a kept answer (none) through a window (seconds to minutes) to a lap (hours)
 WAIT_BUCKETS = (0.01, 0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600)
 Views = Callable[[], tuple[Mapping[str, HostView], float]]  # (views, wall − loop offset)
 Levels = Callable[[], tuple[LevelView, ...]]
+Quotas = Callable[[], Mapping[str, QuotaSnapshot]]  # each host's quota now
 
 
 class PacingCollector(Collector):
@@ -157,6 +161,59 @@ class FlowControlCollector(Collector):
         return [nominal, current, queued, parked, executing, dispatched, rejected]
 
 
+class QuotaCollector(Collector):
+    """Each host's token buckets and the last ``ratelimit-remaining`` it sent (SPEC §9, §11),
+    read from the quota snapshots at each scrape."""
+
+    def __init__(self, quotas: Quotas) -> None:
+        self._quotas = quotas
+
+    def describe(self) -> list[Metric]:
+        return list(self._families({}))
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families(self._quotas()))
+
+    @staticmethod
+    def _families(quotas: Mapping[str, QuotaSnapshot]) -> list[Metric]:
+        tokens = GaugeMetricFamily(
+            "kuik_registry_quota_tokens",
+            "Tokens a registry's quota bucket holds now, by category and scope; for identity "
+            "buckets, those of the identity with the fewest.",
+            labels=["registry", "category", "scope"],
+        )
+        remaining = GaugeMetricFamily(
+            "kuik_registry_ratelimit_remaining",
+            "The last ratelimit-remaining a registry's answers carried.",
+            labels=["registry"],
+        )
+        for host, quota in sorted(quotas.items()):
+            for (category, scope), level in _fewest(quota.buckets).items():
+                tokens.add_metric([host, category, scope], level)
+            # no sample until a registry says it: 0 would read as "exhausted"
+            if quota.ratelimit_remaining is not None:
+                remaining.add_metric([host], quota.ratelimit_remaining)
+        return [tokens, remaining]
+
+
+def _fewest(buckets: Iterable[BucketView]) -> dict[tuple[str, str], float]:
+    """The fewest tokens any bucket of each (category, scope) holds.
+
+    A registry-scoped bucket is the only one of its key. Identity buckets are one per active
+    identity, so a label per identity would be unbounded; of them the one with the fewest
+    tokens is the one about to make its requests wait, which is what an alert on exhaustion
+    wants (a sum would grow with the number of identities and hide one that is empty). Identity
+    buckets appear with an identity's first request (until then every one is full). A learnt
+    bucket that has learnt nothing (``tokens`` None) refuses nothing: it has no level to show.
+    """
+    fewest: dict[tuple[str, str], float] = {}
+    for bucket in buckets:
+        if bucket.tokens is not None:
+            key = (bucket.category.value, bucket.scope.value)
+            fewest[key] = min(fewest.get(key, math.inf), bucket.tokens)
+    return fewest
+
+
 class Metrics:
     """kuikproxy's metrics registry and the event counters the runtime and edge update.
 
@@ -165,11 +222,12 @@ class Metrics:
     nobody queries (a process-wide switch of prometheus-client's; kuikproxy owns its process).
     """
 
-    def __init__(self, views: Views, levels: Levels) -> None:
+    def __init__(self, views: Views, levels: Levels, quotas: Quotas) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(PacingCollector(views))
         self.registry.register(FlowControlCollector(levels))
+        self.registry.register(QuotaCollector(quotas))
         self.requests = Counter(
             "kuik_proxy_requests",
             "Registry requests answered by kuikproxy; cache is hit (a kept answer), miss (read "

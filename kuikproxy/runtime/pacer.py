@@ -475,11 +475,25 @@ class Pacer:
     async def spend(self, request: RegistryRequest) -> None:
         """Wait until the host's quota lets ``request`` go (§11): a token from every bucket it
         counts against (all or none), and no block in force."""
-        host = self._host(request.host)
         image = request.image
         categories = categories_of(request.method, Route(image.route), by_digest=image.by_digest)
-        own = self.registries.has_credentials(request.host)
-        identity = identity_of(request.authorization, own_credential=own)
+        await self._take(request.host, categories, request.authorization)
+
+    async def spend_oauth(self, host: str) -> None:
+        """Wait until the host's quota lets kuikproxy ask its token realm for a token (§11:
+        ``OAuth`` = token requests), as :meth:`spend` waits for a read. kuikproxy signs in only
+        for requests that bring no ``Authorization``, so the identity is theirs: its own
+        credential for the host, or anonymous."""
+        await self._take(host, categories_of("GET", Route.TOKEN), None)
+
+    async def _take(
+        self, name: str, categories: frozenset[Category], authorization: str | None
+    ) -> None:
+        """Wait until a request to ``name`` with the client's ``authorization`` may take a token
+        from every bucket of ``categories`` and no block is in force, and take them."""
+        host = self._host(name)
+        own = self.registries.has_credentials(name)
+        identity = identity_of(authorization, own_credential=own)
         # not a poll: each wait is exactly the time until every bucket has a token (or the
         # block ends), and the take after it succeeds unless another request took them first
         while (wait := host.quota.take(categories, identity, self.loop.time())) > 0:  # noqa: ASYNC110

@@ -8,8 +8,10 @@ Everything that leaves kuikproxy for a registry goes through :meth:`Registries.s
 * a request that carries no ``Authorization`` of the client's is signed by kuikproxy: with a
   cached token for its scope when there is one, else sent as is and, on a ``401`` challenge,
   retried once with a token from the realm (with kuikproxy's own credentials for the host, or
-  anonymously) or Basic credentials. Answers read this way are shared by every client (R5);
-  a client's own ``Authorization`` is passed through untouched and never mixed with kuikproxy's;
+  anonymously; each token request first waits for the host's ``OAuth`` quota, through the
+  ``before_token`` hook) or Basic credentials. Answers read this way are shared by every
+  client (R5); a client's own ``Authorization`` is passed through untouched and never mixed
+  with kuikproxy's;
 * redirects (blob storage) are followed here, at most :data:`MAX_REDIRECTS` hops, and an
   ``Authorization`` never crosses to another origin.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from yarl import URL
@@ -44,6 +46,7 @@ TOKEN_TIMEOUT = 30.0
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 Headers = tuple[tuple[str, str], ...]
 Observer = Callable[[str, str, int | None, Headers], None]
+TokenGate = Callable[[str], Awaitable[None]]  # awaited before a token request to a host's realm
 
 
 def trusted_endpoints(config: Config) -> set[Endpoint]:
@@ -66,13 +69,19 @@ class Registries:
         clock: Callable[[], float],
         guard: AddressGuard | None = None,
         observe: Observer | None = None,
+        *,
+        before_token: TokenGate | None = None,
     ) -> None:
         """``observe(host, method, status, headers)`` hears of every request sent and its
-        answer (status None when no answer came): metrics count them, throttling reads them."""
+        answer (status None when no answer came): metrics count them, throttling reads them.
+        ``before_token(host)`` is awaited before each token request kuikproxy sends for
+        ``host``: the runtime holds it there until the host's ``OAuth`` buckets have a token
+        (SPEC §11), as it holds a read until its buckets do."""
         self.transport = transport
         self._clock = clock
         self._guard = guard
         self._observe: Observer = observe or (lambda host, method, status, headers: None)
+        self._before_token = before_token
         self._tokens = TokenCache()
         self.configure(config)
 
@@ -212,6 +221,8 @@ class Registries:
         token_request = UpstreamRequest(
             "GET", realm.update_query(query), headers, min(timeout or TOKEN_TIMEOUT, TOKEN_TIMEOUT)
         )
+        if self._before_token is not None:
+            await self._before_token(host)
         async with await self._follow(host, token_request) as answer:
             body = await answer.read(MAX_TOKEN_ANSWER)
             status = answer.status

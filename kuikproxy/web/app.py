@@ -309,9 +309,16 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
             app[METRICS].upstream_answered(host, method, status, headers)
             app[PACER].upstream_answered(host, method, status, headers)
 
-        app[REGISTRIES] = Registries(config, upstream, loop.time, guard, answered)
-        app[PACER] = Pacer(config, app[REGISTRIES])
-        app[METRICS] = Metrics(lambda: _views(app), app[PACER].flow.snapshot)
+        async def before_token(host: str) -> None:
+            await app[PACER].spend_oauth(host)
+
+        app[REGISTRIES] = Registries(
+            config, upstream, loop.time, guard, answered, before_token=before_token
+        )
+        pacer = app[PACER] = Pacer(config, app[REGISTRIES])
+        app[METRICS] = Metrics(
+            lambda: _views(app), pacer.flow.snapshot, lambda: pacer.quotas(pacer.loop.time())
+        )
         app[PACER].observers.append(app[WINDOW_LOG].observe)
 
     async def stop(app: web.Application) -> None:

@@ -21,6 +21,7 @@ from html import escape
 
 from aiohttp import web
 
+from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.rings import SLOW_LAP, lap_ratio
 from kuikproxy.core.scheduler import HostView, Operation, SeriesView
 from kuikproxy.durations import format_duration, human_span
@@ -77,6 +78,7 @@ class Snapshot:
     recent: dict[tuple[str, Operation], list[tuple[float, str]]]
     rings: list[RingRow]
     copy_queues: dict[str, dict[str, int]]  # resource → host → queued
+    levels: tuple[LevelView, ...]  # flow control's priority levels (§10)
 
 
 def snapshot(app: web.Application) -> Snapshot:
@@ -114,7 +116,9 @@ def snapshot(app: web.Application) -> Snapshot:
         for host in views
         for operation in (Operation.CHECK, Operation.COPY)
     }
-    return Snapshot(now, pacer.wall_offset, pacer.started, views, recent, rings, queues)
+    return Snapshot(
+        now, pacer.wall_offset, pacer.started, views, recent, rings, queues, pacer.flow.snapshot()
+    )
 
 
 async def status_page(request: web.Request) -> web.StreamResponse:
@@ -322,6 +326,35 @@ def ring_rows(snap: Snapshot) -> str:
     )
 
 
+def level_rows(snap: Snapshot) -> str:
+    """Flow control (§10): each priority level's seats, places and refusals."""
+    rows = []
+    for level in snap.levels:
+        saturated = next((c for c in level.conditions if c.type == "Saturated"), None)
+        limit = "—" if level.limit_response is None else str(level.current_cl)
+        rows.append(
+            "<tr>"
+            f'<td class="name level">{escape(level.name)}</td>'
+            f"<td>{escape(level.type.value)}</td>"
+            f'<td class="num">{limit}</td>'
+            f'<td class="num">{_number(level.executing)}</td>'
+            f'<td class="num">{_number(level.in_queue)}</td>'
+            f'<td class="num">{_number(level.parked)}</td>'
+            f'<td class="num">{_number(sum(level.rejected.values()))}</td>'
+            f"<td>{'—' if saturated is None else escape(saturated.message)}</td>"
+            "</tr>"
+        )
+    return (
+        '<table class="rings"><thead><tr><th>priority level</th><th>type</th>'
+        '<th class="num" title="seats it may use now">seats</th><th class="num">executing</th>'
+        '<th class="num">waiting for a seat</th><th class="num">waiting for a window</th>'
+        '<th class="num">refused</th><th>saturation</th></tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+        '<p class="note">A request holds a seat while it goes upstream, and a place in its '
+        "flow's queues while it waits; a flow whose queues are full is refused (429).</p>"
+    )
+
+
 def _legend() -> str:
     items = "".join(
         f'<span class="count"><i style="background:{OUTCOME_COLORS[o]}"></i>'
@@ -412,5 +445,6 @@ def render(snap: Snapshot) -> str:
         f"<main>{_legend()}"
         f'<h2 class="section-title">Registries</h2>{hosts}'
         f'<h2 class="section-title">Resources</h2>{ring_rows(snap)}'
+        f'<h2 class="section-title">Flow control</h2>{level_rows(snap)}'
         "</main></body></html>"
     )

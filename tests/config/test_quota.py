@@ -86,6 +86,34 @@ def test_preset_bursts_are_one_second_of_tokens() -> None:
     assert quota.bucket("OAuth", "identity") is None
 
 
+def test_a_share_scales_a_presets_rates_and_bursts_not_explicit_buckets() -> None:
+    """``share: 0.012`` of acr-basic: reads 120/min per registry (burst 2), 60 per identity
+    (burst 1); an explicit bucket stays as written; check-config says the share."""
+    config = parse_config(
+        "registries:\n  r.azurecr.io:\n    quota:\n      preset: acr-basic\n"
+        "      share: 0.012\n"
+        "      buckets: [{category: OAuth, scope: registry, ratePerMinute: 30, burst: 3}]\n"
+    )
+    quota = config.registry("r.azurecr.io").quota
+    assert rates(quota)[("DataplaneRead", "registry")] == pytest.approx(120.0)
+    assert rates(quota)[("DataplaneRead", "identity")] == pytest.approx(60.0)
+    bursts = {(b.category, b.scope): b.burst for b in quota.buckets}
+    assert (bursts[("DataplaneRead", "registry")], bursts[("DataplaneRead", "identity")]) == (2, 1)
+    assert quota.bucket("OAuth", "registry") == QuotaBucket("OAuth", "registry", 30.0, 3)
+    text = describe(config)
+    assert "  quota: preset acr-basic at share 0.012\n" in text
+    assert "    OAuth per registry: 30/min, burst 3 (explicit)\n" in text
+    assert "    ListReferrers per registry: 6/min, burst 1\n" in text
+
+
+@pytest.mark.parametrize("share", ["0", "1.5", "-1", "true"])
+def test_a_share_is_more_than_0_and_at_most_1(share: str) -> None:
+    (error,) = errors_of(
+        f"registries: {{r.example: {{quota: {{preset: acr-basic, share: {share}}}}}}}"
+    )
+    assert error.startswith("registries.r.example.quota.share: ")
+
+
 @pytest.mark.parametrize("preset", ["dockerhub-anonymous", "dockerhub-authenticated"])
 def test_docker_hub_presets_learn_from_headers(preset: str) -> None:
     """Docker Hub's limits come from its ratelimit headers: no fixed buckets."""

@@ -34,6 +34,8 @@ SPEC_METRICS = {
     "kuik_proxy_wait_seconds": ("histogram", {"registry", "operation"}),
     "kuik_registry_upstream_requests": ("counter", {"registry", "method", "code"}),
     "kuik_registry_blocked_until_timestamp_seconds": ("gauge", {"registry"}),
+    # and §11's quota buckets
+    "kuik_registry_quota_tokens": ("gauge", {"registry", "category", "scope"}),
 }
 
 
@@ -110,9 +112,14 @@ def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
 @pytest.mark.looptime
 async def test_metrics_pass_promtool_lint_after_a_small_scenario(proxy: ProxyFactory) -> None:
     """After checks (a lap of one image, then two resources answered from the kept answer), a
-    copy with its blob and a refused host, ``promtool check metrics`` finds nothing to say about
-    ``/metrics``, and the families SPEC §9 names are there with their types and labels."""
-    client = await proxy("check: {interval: 200ms}\ncopy: {interval: 200ms, idle: 200ms}")
+    copy with its blob and a refused host, on a host with a read quota, ``promtool check
+    metrics`` finds nothing to say about ``/metrics``, and the families SPEC §9 names are there
+    with their types and labels."""
+    client = await proxy(
+        "check: {interval: 200ms}\ncopy: {interval: 200ms, idle: 200ms}\n"
+        "quota: {buckets: [{category: DataplaneRead, scope: identity, ratePerMinute: 600, "
+        "burst: 10}]}"
+    )
     assert (await head(client, "v1", "web")).status == 200  # web's first turn: its lap starts
     assert (await head(client, "v1", "web")).status == 200  # the next window: the lap ends
     for response in await asyncio.gather(head(client, "v1", "batch"), head(client, "v1", "ci")):

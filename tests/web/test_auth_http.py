@@ -36,10 +36,10 @@ def start(
 ) -> Start:
     """A token registry (and blob storage on another origin) with kuikproxy before it;
     ``credentials`` is kuikproxy's own: ``"file"`` (user + password file), ``"docker"`` (a
-    Docker config.json) or None."""
+    Docker config.json) or None; ``quota`` is the host's ``quota`` block, as YAML."""
 
     async def run(
-        credentials: str | None = None, scheme: str = "bearer"
+        credentials: str | None = None, scheme: str = "bearer", quota: str | None = None
     ) -> tuple[TestClient[Any, Any], TokenRegistry]:
         fake = TokenRegistry(scheme=scheme)
         storage_seen: list[tuple[str, str, str | None]] = []
@@ -58,6 +58,8 @@ def start(
             config = {"auths": {HOST: {"auth": auth}}}
             (tmp_path / "config.json").write_text(json.dumps(config))
             block += f"    credentials: {{dockerConfigFile: {tmp_path}/config.json}}\n"
+        if quota is not None:
+            block += f"    quota: {quota}\n"
         app = build_app(parse_config(f"registries:\n  {HOST}:\n    {block}"))
         client = await aiohttp_client(app, server_kwargs={"handler_cancellation": True})
         return client, fake
@@ -106,6 +108,28 @@ async def test_without_credentials_kuikproxy_signs_in_anonymously_for_public_ima
     assert first.status == second.status == 200
     assert fake.token_requests == [("repository:public/app:pull", None)]
     assert len([s for s in fake.seen if "/manifests/" in s[1]]) == 2  # the 401, then the read
+
+
+@pytest.mark.parametrize(("credentials", "repo"), [(None, "public"), ("file", "private")])
+async def test_s11_each_token_request_waits_for_the_hosts_oauth_bucket(
+    start: Start, credentials: str | None, repo: str
+) -> None:
+    """With an OAuth bucket of burst 1 refilled 6 times a minute, kuikproxy's second token
+    request (for another repository's scope, anonymous or with its own credentials) waits the
+    10 s until the bucket has a token again; the read it signs in for is answered then."""
+    oauth = "{category: OAuth, scope: registry, ratePerMinute: 6, burst: 1}"
+    client, fake = await start(credentials, quota=f"{{buckets: [{oauth}]}}")
+    loop = asyncio.get_running_loop()
+    assert (await manifest(client, f"{repo}/app")).status == 200
+    before = loop.time()
+    assert (await manifest(client, f"{repo}/other")).status == 200
+    assert [scope for scope, _ in fake.token_requests] == [
+        f"repository:{repo}/app:pull",
+        f"repository:{repo}/other:pull",
+    ]
+    first, second = fake.token_times
+    assert second - first == pytest.approx(10)
+    assert loop.time() - before == pytest.approx(10, abs=0.1)  # its window, then the wait
 
 
 async def test_r4_a_kept_challenge_answers_the_next_anonymous_client_without_a_window(

@@ -25,11 +25,12 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
+from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.config import parse_config
 from kuikproxy.web.app import build_app
 from kuikproxy.web.keys import PACER
+from tests.conftest import ProxyFactory, head
 from tests.upstream_app import Registry
 
 pytestmark = pytest.mark.looptime
@@ -233,3 +234,79 @@ async def flood_unpaced(client: Proxy) -> None:
     assert len(flood_waits) == 10 + HAND * QUEUE_LENGTH
     assert_refusals(flooded, "bulk")
     assert len(client.registry.reads()) == len(flood_waits) + QUIET
+
+
+# -- clients that leave give back what they held ------------------------------------------------
+
+ONE_QUEUE = "queuing: {queues: 1, handSize: 1, queueLengthLimit: 2}"
+
+
+def level(name: str, queuing: str, shares: int = 10) -> str:
+    return (
+        f"    - name: {name}\n      type: Limited\n      limited:\n"
+        f"        nominalConcurrencyShares: {shares}\n"
+        f"        limitResponse: {{type: Queue, {queuing}}}\n"
+    )
+
+
+async def levels(client: TestClient[Any, Any]) -> dict[str, dict[str, Any]]:
+    status = await (await client.get("/status")).json()
+    return {p["name"]: p for p in status["flowControl"]["priorityLevels"]}
+
+
+async def test_a_parked_client_that_leaves_gives_its_place_back(proxy: ProxyFactory) -> None:
+    """A flow may park 2 (one queue of 2): the third check is refused at once, with a
+    Retry-After of at least the time to the next window; when a parked client leaves, its place
+    is free for the next request, and what is left is read as usual."""
+    client = await proxy(top="flowControl:\n  priorityLevels:\n" + level("checks", ONE_QUEUE))
+    first = asyncio.ensure_future(head(client, "a"))
+    second = asyncio.ensure_future(head(client, "b"))
+    await asyncio.sleep(0.05)
+    refused = await head(client, "c")
+    assert refused.status == 429 and int(refused.headers["Retry-After"]) >= 1
+    assert (await levels(client))["checks"]["parked"] == 2
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert (await levels(client))["checks"]["parked"] == 1
+    assert (await head(client, "d")).status == 200  # parked in the freed place, read in turn
+    assert (await first).status == 200
+    checks = (await levels(client))["checks"]
+    assert (checks["parked"], checks["inQueue"], checks["executing"]) == (0, 0, 0)
+    assert checks["rejectedByReason"] == {"queue-full": 1, "concurrency-limit": 0}
+    assert client.server.app[PACER].tasks == set()
+
+
+async def test_a_client_that_leaves_while_queued_for_a_seat_is_not_sent(
+    proxy: ProxyFactory, registry: tuple[Registry, object]
+) -> None:
+    """One seat (ServerCL 1), each answer taking 1 s: of three requests the second waits for
+    the seat and its client leaves; the third takes the seat after the first, the second is
+    never sent, and the level ends with nothing executing or queued."""
+    fake, _ = registry
+    fake.delay = 1.0
+    client = await proxy(
+        "paced: false",
+        top="flowControl:\n  serverConcurrencyLimit: 1\n  priorityLevels:\n"
+        + level("bulk", "queuing: {queues: 4, handSize: 2, queueLengthLimit: 5}", shares=1)
+        + "  flowSchemas:\n    - name: bulk\n      matchingPrecedence: 1\n"
+        "      priorityLevelConfiguration: {name: bulk}\n      rules: [{}]\n",
+    )
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    first = asyncio.ensure_future(head(client, "a"))
+    await asyncio.sleep(0.1)
+    second = asyncio.ensure_future(head(client, "b"))
+    third = asyncio.ensure_future(head(client, "c"))
+    await asyncio.sleep(0.1)
+    assert (await levels(client))["bulk"]["inQueue"] == 2
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert [(await r).status for r in (first, third)] == [200, 200]
+    assert [(s.path.rsplit("/", 1)[1], round(s.at - t0, 1)) for s in fake.reads()] == [
+        ("a", 0.0),
+        ("c", 1.0),
+    ]
+    bulk = (await levels(client))["bulk"]
+    assert (bulk["inQueue"], bulk["executing"], bulk["dispatched"]) == (0, 0, 2)

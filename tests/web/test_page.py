@@ -133,3 +133,28 @@ def test_ring_position_is_the_cursors_rank_in_both_modes() -> None:
         ring.unwait("a")
         assert ring.waiting_requests() == 3
         assert ring.position(limit=3) == (2 if prefetch else None)
+
+
+@pytest.mark.looptime
+async def test_page_shows_each_priority_level_and_what_waits_on_it(
+    proxy: ProxyFactory, registry: tuple[Registry, object]
+) -> None:
+    """The flow-control table: a row per priority level, with the checks parked for their
+    window counted on the checks level while they wait, and the seats it may use."""
+    _ = registry
+    client = await proxy()
+    held = [asyncio.ensure_future(head(client, ref)) for ref in ("a", "b", "c")]
+    await asyncio.sleep(0.05)
+    page = await (await client.get("/")).text()
+    rows = re.findall(r'<tr><td class="name level">([^<]+)</td><td>(\w+)</td>(.*?)</tr>', page)
+    levels = {
+        name: (
+            kind,
+            [re.sub("<[^>]+>", "", n) for n in re.findall(r'class="num">(.*?)</td>', cells)],
+        )
+        for name, kind, cells in rows
+    }
+    assert levels["checks"] == ("Limited", ["30", "0", "0", "3", "0"])  # 3 parked
+    assert levels["exempt"][0] == "Exempt"
+    assert set(levels) == {"exempt", "checks", "copies", "catch-all"}
+    assert {r.status for r in await asyncio.gather(*held)} == {200}

@@ -2,11 +2,13 @@
 manifests behind Bearer (or Basic) challenges, with its own token realm at ``/token``.
 
 ``public/*`` is readable anonymously (with an anonymous token); ``private/*`` only with a token
-issued to ``alice``. Every request is recorded with the Authorization it carried.
+issued to ``alice``. Every request is recorded with the Authorization it carried, and every
+token request with the loop time it arrived at.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import secrets
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ class TokenRegistry:
     seen: list[tuple[str, str, str | None]] = field(default_factory=list)  # method, path, auth
     tokens: dict[str, str | None] = field(default_factory=dict)  # token → user (None: anonymous)
     token_requests: list[tuple[str, str | None]] = field(default_factory=list)  # scope, user
+    token_times: list[float] = field(default_factory=list)  # when each token request came
     port: int = 0
     storage_port: int = 0  # where blobs redirect to (another origin), 0: no redirect
 
@@ -58,6 +61,7 @@ class TokenRegistry:
         if auth is not None and user is None:
             return web.json_response({"details": "bad credentials"}, status=401)
         self.token_requests.append((request.query.get("scope", ""), user))
+        self.token_times.append(asyncio.get_running_loop().time())
         token = secrets.token_hex(8)
         self.tokens[token] = user
         return web.json_response({"token": token, "expires_in": 300})
