@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from kuikproxy.config import FlowControl as FlowSettings
@@ -82,11 +82,29 @@ def core_level(level: PriorityLevel) -> PriorityLevelConfiguration:
 
 @dataclass(frozen=True, slots=True)
 class Flow:
-    """Where a request stands in flow control: its level and flow (schema + distinguisher)."""
+    """Where a request stands in flow control: its level and flow (schema + distinguisher), and
+    the gate that classified it — the one its place and seat are taken from and given back to,
+    even after a reload has put a new gate in front of new requests."""
 
     level: str
     id: str
     exempt: bool
+    gate: FlowGate = field(compare=False, repr=False)
+
+    def park(self, at_least: float) -> Place:
+        return self.gate.park(self, at_least)
+
+    def unpark(self, place: Place) -> None:
+        self.gate.unpark(place)
+
+    async def take(self) -> None:
+        await self.gate.take(self)
+
+    def give_back(self) -> None:
+        self.gate.give_back(self)
+
+    def seat(self) -> AbstractAsyncContextManager[None]:
+        return self.gate.seat(self)
 
 
 @dataclass(eq=False, slots=True)
@@ -143,8 +161,8 @@ class FlowGate:
         # replaces the built-in one by name), so a schema is always found
         assert schema is not None
         level = schema.priority_level
-        return Flow(level, flow_id(schema.name, _distinguisher(schema, resource, host)),
-                    level in self._exempt)  # fmt: skip
+        distinguisher = _distinguisher(schema, resource, host)
+        return Flow(level, flow_id(schema.name, distinguisher), level in self._exempt, self)
 
     # -- places ----------------------------------------------------------------------------------
 

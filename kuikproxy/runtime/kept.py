@@ -38,6 +38,14 @@ class KeptAnswers:
             self.bytes -= old.size
         self._entries[key] = kept
         self.bytes += kept.size
+        self._shrink()
+
+    def resize(self, max_entries: int, max_bytes: int) -> None:
+        """New bounds (a reload): the least recently used answers go until it fits."""
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._shrink()
+
+    def _shrink(self) -> None:
         while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
             _, evicted = self._entries.popitem(last=False)
             self.bytes -= evicted.size

@@ -243,6 +243,15 @@ class Metrics:
             buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
+        self.reloads = Counter(
+            "kuik_proxy_config_reloads",
+            "Config reloads (§7.2) by result: success (applied) or error (refused, the running "
+            "config stays).",
+            ["result"],
+            registry=self.registry,
+        )
+        for result in ("success", "error"):  # both series exist from the start, at 0
+            self.reloads.labels(result)
         self.upstream = Counter(
             "kuik_registry_upstream_requests",
             "Requests kuikproxy sent to registries, by their answer's status (or error).",

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from kuikproxy.config import Config, RegistrySettings
-from kuikproxy.core.flowcontrol import Place
+from kuikproxy.core.flowcontrol import LevelView, Place
 from kuikproxy.core.images import BLOBS, MANIFESTS
 from kuikproxy.core.quota import (
     BucketSpec,
@@ -49,7 +49,7 @@ from kuikproxy.core.scheduler import (
     Ticket,
     WindowResult,
 )
-from kuikproxy.errors import RegistryError, TooManyRequests, Unavailable
+from kuikproxy.errors import Denied, RegistryError, TooManyRequests, Unavailable
 from kuikproxy.runtime.flow import FlowGate
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
@@ -126,6 +126,26 @@ class _Host:
         self.arm(Operation.CHECK)
         self.arm(Operation.COPY)
 
+    def reconfigure(self, settings: RegistrySettings, now: float) -> None:
+        """New settings in place (P12): a changed interval restarts its series only (its timer
+        re-armed a full interval later), timeouts and everything else apply from the next
+        image, no cursor moves. A host whose buckets change keeps its block."""
+        self.settings = settings
+        old = self.scheduler.pacing
+        pacing = pacing_of(settings, self.pacer.config)
+        self.scheduler.reconfigure(pacing, now)
+        if pacing.check_interval != old.check_interval:
+            self.arm(Operation.CHECK)
+        if pacing.copy_interval != old.copy_interval:
+            self.arm(Operation.COPY)
+        specs = quota_specs(settings)
+        if specs != self.quota.buckets.specs:
+            quota = HostQuota(specs, per_identity=False)
+            until = self.quota.blocked_until(now)
+            if until is not None:
+                quota.block(until, now=now)
+            self.quota = quota
+
     def series(self, operation: Operation) -> float:
         s = self.scheduler
         return (s.check_series if operation is Operation.CHECK else s.copy_series).next_window()
@@ -151,11 +171,16 @@ class _Host:
         if result.read is not None:
             self.pacer.spawn(self.carry_out(result.read))
 
-    def close(self, error: RegistryError) -> None:
+    def close(self, error: RegistryError | None) -> None:
+        """Stop the series; held requests get ``error``, or go at once when it is None."""
         for timer in self.timers.values():
             timer.cancel()
         for waiter in list(self.waiters.values()):
-            if not waiter.future.done():
+            if waiter.future.done():
+                continue
+            if error is None:
+                waiter.future.set_result(Go())
+            else:
                 waiter.future.set_exception(error)
 
     # -- reads ----------------------------------------------------------------------------
@@ -342,7 +367,7 @@ class _Host:
         if self.outlasted(ticket):
             raise self.refusal(ticket, now)
         try:
-            place = self.pacer.flow.park(request.flow, self.series(ticket.operation) - now)
+            place = request.flow.park(self.series(ticket.operation) - now)
         except TooManyRequests:
             s.cancel(ticket)  # refused at its flow's queues: it never waited (P11)
             raise
@@ -387,7 +412,7 @@ class _Host:
             if waiter.expiry is not None:
                 waiter.expiry.cancel()
             del self.waiters[ticket]
-            self.pacer.flow.unpark(place)
+            request.flow.unpark(place)
             if not waiter.future.done() or waiter.future.cancelled():
                 self.scheduler.cancel(ticket)  # the client went away (P11)
 
@@ -443,6 +468,31 @@ class Pacer:
             runtime = self._hosts[host] = _Host(self, host, self.started, self.loop.time())
         return runtime
 
+    def reconfigure(self, config: Config) -> None:
+        """Apply a valid new config in place (P12, §7.2). Hosts still paced take their new
+        settings (:meth:`_Host.reconfigure`); a host newly configured and paced starts its series
+        now; one that is no longer allowed, or no longer paced, lets go of its held requests —
+        refused (403) when it may no longer be contacted, released to go at once when it is now
+        unpaced. New flow control applies to requests classified from now on."""
+        now = self.loop.time()
+        old, self.config = self.config, config
+        self.kept.resize(config.cache.max_entries, config.cache.max_bytes)
+        if config.flow_control != old.flow_control:
+            self.flow = FlowGate(config.flow_control, self.loop)
+        for name, host in list(self._hosts.items()):
+            settings = config.registry(name)
+            if config.is_allowed(name) and settings.paced:
+                host.reconfigure(settings, now)
+                continue
+            del self._hosts[name]
+            if config.is_allowed(name):
+                host.close(None)
+            else:
+                host.close(Denied(f"{name} is no longer allowed by kuikproxy's configuration"))
+        for name in config.configured_hosts():
+            if config.registry(name).paced and name not in self._hosts:
+                self._hosts[name] = _Host(self, name, now, now)
+
     @property
     def hosts(self) -> dict[str, HostScheduler]:
         return {name: h.scheduler for name, h in sorted(self._hosts.items())}
@@ -460,17 +510,17 @@ class Pacer:
         priority level gives it a seat (§10) — and hold the seat while the block inside sends
         it and relays the answer. Entered just before it is sent, so a request parked for a
         window holds neither token nor seat."""
-        flow = self.flow
+        flow = request.flow
         while True:
             await self.spend(request)
-            await flow.take(request.flow)
+            await flow.take()
             if self.blocked_until(request.host, self.loop.time()) is None:
                 break
-            flow.give_back(request.flow)  # the host said stop while it waited for a seat
+            flow.give_back()  # the host said stop while it waited for a seat
         try:
             yield
         finally:
-            flow.give_back(request.flow)
+            flow.give_back()
 
     async def spend(self, request: RegistryRequest) -> None:
         """Wait until the host's quota lets ``request`` go (§11): a token from every bucket it
@@ -504,6 +554,10 @@ class Pacer:
         runtime = self._hosts.get(host)
         until = None if runtime is None else runtime.scheduler.blocked_until
         return until if until is not None and until > now else None
+
+    def levels(self) -> tuple[LevelView, ...]:
+        """The priority levels of the flow control in force (§10)."""
+        return self.flow.snapshot()
 
     def quotas(self, now: float) -> dict[str, QuotaSnapshot]:
         """Every host's quota and throttling state now (§11), for /status."""

@@ -122,6 +122,11 @@ class TokenCache:
             return None
         return entry[0]
 
+    def forget(self, host: str) -> None:
+        """Drop the host's tokens and challenge (its credentials or endpoint changed)."""
+        self._tokens = {k: v for k, v in self._tokens.items() if k[0] != host}
+        self.challenges.pop(host, None)
+
     def put(self, host: str, scope: str, token: str, lifetime: float, now: float) -> None:
         if len(self._tokens) >= MAX_TOKENS:  # one per repository in use: drop the lapsed
             self._tokens = {k: v for k, v in self._tokens.items() if v[1] > now}

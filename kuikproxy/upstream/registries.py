@@ -83,9 +83,17 @@ class Registries:
         self._observe: Observer = observe or (lambda host, method, status, headers: None)
         self._before_token = before_token
         self._tokens = TokenCache()
+        self._config = config
         self.configure(config)
 
     def configure(self, config: Config) -> None:
+        """Take ``config`` (at start and at each reload): a host whose credentials or upstream
+        changed forgets the tokens it had, which were not given for them."""
+        old = self._config
+        for host in {*old.registries, *config.registries}:
+            before, after = old.registry(host), config.registry(host)
+            if (before.credentials, before.upstream) != (after.credentials, after.upstream):
+                self._tokens.forget(host)
         self._config = config
         self._tls: dict[str, ssl.SSLContext | bool] = {}
         if self._guard is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -28,6 +29,7 @@ from kuikproxy.errors import (
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest, forwarded
 from kuikproxy.runtime.metrics import Metrics
 from kuikproxy.runtime.pacer import Pacer
+from kuikproxy.runtime.watch import FileWatch
 from kuikproxy.runtime.windowlog import WindowLog
 from kuikproxy.upstream.client import (
     AiohttpTransport,
@@ -38,24 +40,21 @@ from kuikproxy.upstream.client import (
 from kuikproxy.upstream.guard import AddressGuard
 from kuikproxy.upstream.registries import Registries
 from kuikproxy.web import status as status_models
-from kuikproxy.web.classify import (
-    Locator,
-    Target,
-    classify,
-)
+from kuikproxy.web.classify import Target, classify
 from kuikproxy.web.keys import (
-    CONFIG,
-    LOCATOR,
+    CURRENT,
     METRICS,
     PACER,
     PING_CACHE,
     REGISTRIES,
+    RELOADER,
     WINDOW_LOG,
 )
 from kuikproxy.web.oci import API_VERSION, error_response
 from kuikproxy.web.page import status_page
 from kuikproxy.web.proxying import ProxyRequests
 from kuikproxy.web.relay import answer_response, relocate, stream
+from kuikproxy.web.reload import Current, Reloader
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +71,11 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
     host, operation, cache = "-", "-", "none"  # the metric's labels, as far as they are known
     response: web.StreamResponse | None = None
     try:
-        config = request.app[CONFIG]
+        current = request.app[CURRENT]  # read once: a reload swaps it whole
+        config = current.config
         # from the raw line, not request.query: that one would stay cached on a held request
         url, write = request.rel_url, request.method not in READ_METHODS
-        located = request.app[LOCATOR].locate(
-            url.raw_path, url.raw_query_string, request.host, write
-        )
+        located = current.locator.locate(url.raw_path, url.raw_query_string, request.host, write)
         target = located.target
         host = target.host
         ns = host if target.by_ns else None  # answered with OCI-Namespace (§3)
@@ -144,7 +142,7 @@ async def exempt(
     until = pacer.blocked_until(read.host, now)
     if until is None:
         upstream = _upstream(read, registries, settings.check.timeout or None)
-        async with pacer.flow.seat(read.flow):  # never waits: counted as executing
+        async with read.flow.seat():  # never waits: counted as executing
             return await stream(request, registries, read.host, upstream, ns), "miss"
     kept = pacer.kept.find(read)
     if kept is None:
@@ -272,17 +270,18 @@ async def status(request: web.Request) -> web.StreamResponse:
     pacer = request.app[PACER]
     now = pacer.loop.time()
     clock = status_models.Clock(pacer.wall_offset)
+    loaded = request.app[RELOADER].loaded
     document = status_models.build_status(
         {host: scheduler.view(now) for host, scheduler in pacer.hosts.items()},
         clock,
         started=pacer.started,
         config=status_models.ConfigStatus(
-            generation=1, loadedAt=clock.rfc3339(pacer.started), lastError=None
+            generation=loaded.generation, loadedAt=clock.rfc3339(loaded.at), lastError=loaded.error
         ),
         kept=pacer.kept,
         quotas=pacer.quotas(now),
         flow=status_models.flow_control_status(
-            pacer.flow.settings.server_concurrency_limit, pacer.flow.snapshot(), clock
+            pacer.flow.settings.server_concurrency_limit, pacer.levels(), clock
         ),
         resource=request.query.get("resource"),
         registry=request.query.get("registry"),
@@ -290,11 +289,13 @@ async def status(request: web.Request) -> web.StreamResponse:
     return web.json_response(text=document.model_dump_json(by_alias=True))
 
 
-def build_app(config: Config, transport: Transport | None = None) -> web.Application:
-    """The whole application; ``transport`` defaults to aiohttp towards real registries."""
+def build_app(
+    config: Config, transport: Transport | None = None, *, config_path: str | None = None
+) -> web.Application:
+    """The whole application; ``transport`` defaults to aiohttp towards real registries.
+    With ``config_path``, the file is watched and re-read on change and on SIGHUP (§7.2)."""
     app = web.Application()
-    app[CONFIG] = config
-    app[LOCATOR] = Locator(config)
+    app[CURRENT] = Current(config)
     app[WINDOW_LOG] = WindowLog()
     app[PING_CACHE] = {}
     guard = AddressGuard() if transport is None else None
@@ -317,11 +318,21 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
         )
         pacer = app[PACER] = Pacer(config, app[REGISTRIES])
         app[METRICS] = Metrics(
-            lambda: _views(app), pacer.flow.snapshot, lambda: pacer.quotas(pacer.loop.time())
+            lambda: _views(app), pacer.levels, lambda: pacer.quotas(pacer.loop.time())
         )
         app[PACER].observers.append(app[WINDOW_LOG].observe)
+        reloader = app[RELOADER] = Reloader(
+            config_path, app[CURRENT], pacer, app[REGISTRIES], lambda: app[METRICS]
+        )
+        if config_path is not None:
+            watches.append(FileWatch(config_path, reloader.changed, loop))
+            loop.add_signal_handler(signal.SIGHUP, reloader.reload)
 
     async def stop(app: web.Application) -> None:
+        for watch in watches:
+            watch.close()
+        if config_path is not None:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         # on shutdown, before aiohttp waits for handlers: held requests are answered 503 now
         # rather than cancelled after the grace period
         await app[PACER].close()
@@ -329,6 +340,7 @@ def build_app(config: Config, transport: Transport | None = None) -> web.Applica
     async def cleanup(app: web.Application) -> None:
         await upstream.close()
 
+    watches: list[FileWatch] = []
     app.on_startup.append(start)
     app.on_shutdown.append(stop)
     app.on_cleanup.append(cleanup)

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from kuikproxy.config import Config
 from kuikproxy.runtime.messages import Answer
 from kuikproxy.runtime.metrics import Metrics
 from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.runtime.windowlog import WindowLog
 from kuikproxy.upstream.registries import Registries
-from kuikproxy.web.classify import Locator
+from kuikproxy.web.reload import Current, Reloader
 
-CONFIG = web.AppKey("config", Config)
+CURRENT = web.AppKey("current", Current)
+RELOADER = web.AppKey("reloader", Reloader)
 PACER = web.AppKey("pacer", Pacer)
 REGISTRIES = web.AppKey("registries", Registries)
-LOCATOR = web.AppKey("locator", Locator)
 METRICS = web.AppKey("metrics", Metrics)
 WINDOW_LOG = web.AppKey("window_log", WindowLog)
 PING_CACHE = web.AppKey("ping_cache", dict[str, tuple[float, Answer]])

@@ -117,7 +117,7 @@ def snapshot(app: web.Application) -> Snapshot:
         for operation in (Operation.CHECK, Operation.COPY)
     }
     return Snapshot(
-        now, pacer.wall_offset, pacer.started, views, recent, rings, queues, pacer.flow.snapshot()
+        now, pacer.wall_offset, pacer.started, views, recent, rings, queues, pacer.levels()
     )
 
 

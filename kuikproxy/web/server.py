@@ -36,7 +36,7 @@ def run(config: Config, config_path: str | None = None) -> None:
         "kuikproxy listening on %s:%d (config: %s)", host or "*", port, config_path or "embedded"
     )
     web.run_app(
-        build_app(config),
+        build_app(config, config_path=config_path),
         host=host or None,
         port=port,
         print=None,

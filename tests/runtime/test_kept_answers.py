@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from kuikproxy.core.images import Image
 from kuikproxy.core.scheduler import Operation
-from kuikproxy.runtime.flow import Flow
+from kuikproxy.runtime.flow import Flow, FlowGate
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.messages import Answer, RegistryRequest
 
@@ -37,7 +39,7 @@ def request(
         sent=(),
         auth=auth,
         accept=accept,
-        flow=Flow("checks", "checks\x00r", exempt=False),
+        flow=Flow("checks", "checks\x00r", exempt=False, gate=cast("FlowGate", None)),
     )
 
 

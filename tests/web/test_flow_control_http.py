@@ -17,21 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from kuikproxy.config import parse_config
-from kuikproxy.web.app import build_app
 from kuikproxy.web.keys import PACER
 from tests.conftest import ProxyFactory, head
 from tests.upstream_app import Registry
+from tests.web.many import Proxy, proxy
 
 pytestmark = pytest.mark.looptime
 
@@ -52,43 +48,6 @@ class Outcome:
     waited: float
     retry_after: int | None
     body: dict[str, Any]
-
-
-@dataclass
-class Proxy:
-    session: aiohttp.ClientSession
-    base: str
-    app: web.Application
-    registry: Registry
-
-    def get(self, path: str, resource: str = "") -> Any:
-        # a check, as a GET so that refusals carry their body (a GET by tag would open a copy)
-        headers = {"Kuik-Resource": resource, "Kuik-Operation": "check"}
-        return self.session.get(self.base + path, headers=headers)
-
-
-@asynccontextmanager
-async def proxy(
-    aiohttp_server: Callable[..., Awaitable[TestServer]], config: str
-) -> AsyncIterator[Proxy]:
-    """kuikproxy before a recording registry, listening with a backlog that takes a flood's
-    connections at once (the test server's 128 would leave the kernel retrying SYNs in real
-    time while looptime's clock runs ahead), and a client that may open 1,000 connections."""
-    fake = Registry()
-    server = await aiohttp_server(fake.app())
-    app = build_app(parse_config(config.replace("PORT", str(server.port))))
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=2048)
-    await site.start()
-    port = runner.addresses[0][1]
-    connector = aiohttp.TCPConnector(limit=1000)
-    timeout = aiohttp.ClientTimeout(total=None)
-    try:
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            yield Proxy(session, f"http://127.0.0.1:{port}", app, fake)
-    finally:
-        await runner.cleanup()
 
 
 async def send(
