@@ -147,7 +147,13 @@ def render(document: Document, now: datetime, color: bool = False) -> str:
                     shown,
                 ]
             )
-    parts = [f"REGISTRIES ({len(host_rows)})"]
+    parts = []
+    config = document.get("config") or {}
+    if config.get("lastError"):
+        refused = "; ".join(_text(line) for line in config["lastError"].splitlines())
+        parts += [f"CONFIG generation {config.get('generation')}: the last reload was refused:",
+                  f"  {refused}", ""]  # fmt: skip
+    parts.append(f"REGISTRIES ({len(host_rows)})")
     if host_rows:
         parts.append(
             table(

@@ -186,3 +186,16 @@ def test_status_tables_never_send_a_clients_control_characters_to_the_terminal()
     assert "\x1b" not in output and "\x07" not in output
     assert "\\x1b]0;owned\\x07\\x1b[2J" in output
     assert "x2.00 !" in output
+
+
+def test_status_says_when_the_last_reload_was_refused() -> None:
+    document = {
+        "config": {"generation": 3, "lastError": "kuikproxy.yaml: a\nregistries.x.check: b"},
+        "registries": {},
+        "resources": {},
+    }
+    output = render(document, datetime.now(UTC))
+    assert output.startswith(
+        "CONFIG generation 3: the last reload was refused:\n"
+        "  kuikproxy.yaml: a; registries.x.check: b\n"
+    )

@@ -13,6 +13,9 @@ from kuikproxy.web.app import build_app
 log = logging.getLogger(__name__)
 
 KEEPALIVE_TIMEOUT = 75.0
+# SIGTERM: requests held for a window are answered 503 at once (Pacer.close); requests already
+# streaming from a registry (a blob) get this long to finish before their connections close
+SHUTDOWN_GRACE = 30.0
 # kuikproxy's heap is mostly long-lived pacing state (rings of up to millions of entries) and
 # short-lived request objects. CPython's default first threshold (700 allocations) runs the
 # young collection thousands of times a second under load, and each pass promotes survivors
@@ -45,5 +48,6 @@ def run(config: Config, config_path: str | None = None) -> None:
         # also the bound on a client that never finishes its request (slow headers): aiohttp
         # arms it when the connection is made, and bytes trickling in do not re-arm it
         keepalive_timeout=KEEPALIVE_TIMEOUT,
+        shutdown_timeout=SHUTDOWN_GRACE,
         access_log=None,
     )
