@@ -1,9 +1,10 @@
-"""The ``kuikproxy`` command (SPEC §7.1): ``serve``, ``check-config`` and ``status``.
+"""The ``kuikproxy`` command (SPEC §7.1): ``serve``, ``check-config``, ``status``,
+``inject-webhook`` and ``ca bundle`` (§13).
 
-Exit codes: 0 success, 1 ``check-config`` found an invalid file or ``status`` could not reach
-kuikproxy, 2 usage errors and a ``serve`` that cannot start because its config is invalid
-(argparse uses 2 for usage errors too, and both mean "fix how you invoked me", unlike a runtime
-failure).
+Exit codes: 0 success, 1 ``check-config`` found an invalid file, ``status`` could not reach
+kuikproxy or ``serve`` cannot use its state file, 2 usage errors and a ``serve`` that cannot
+start because its config is invalid (argparse uses 2 for usage errors too, and both mean "fix
+how you invoked me", unlike a runtime failure).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from kuikproxy.config import describe, load_config
-from kuikproxy.errors import ConfigError
+from kuikproxy.errors import ConfigError, StateError
 
 __all__ = ["main"]
 
@@ -23,8 +25,28 @@ EXIT_INVALID_CONFIG = 1
 """``check-config``: the file is invalid (every error was printed)."""
 EXIT_USAGE = 2
 """Bad arguments, or ``serve`` refused to start on an invalid config."""
+EXIT_STATE = 1
+"""``serve``: the state file (``state.path``) is unreadable, corrupt, newer or in use."""
+EXIT_CA = 1
+"""``ca bundle``: the CA cannot be loaded or written, or there are no system roots."""
 DEFAULT_STATUS_URL = "http://127.0.0.1:7439"
 """Where ``status`` looks for kuikproxy: the embedded default's listen address."""
+INJECT_ENVIRONMENT = (
+    ("--sidecar-image", "KUIKPROXY_SIDECAR_IMAGE", "IMAGE", "the kuikproxy image of the sidecar"),
+    (
+        "--config-map",
+        "KUIKPROXY_CONFIG_MAP",
+        "NAME",
+        "the ConfigMap with the sidecar's config.yaml",
+    ),
+    (
+        "--ca-bundle-secret",
+        "KUIKPROXY_CA_BUNDLE_SECRET",
+        "NAME",
+        "the Secret with bundle.pem and the CA the sidecar intercepts TLS with",
+    ),
+)
+"""``inject-webhook``'s required settings: each flag, else its environment variable."""
 
 
 def _version() -> str:
@@ -76,6 +98,44 @@ def _parser() -> argparse.ArgumentParser:
         default=2.0,
         metavar="SECONDS",
         help="seconds between redraws with --watch (default: 2)",
+    )
+
+    ca = commands.add_parser("ca", help="kuikproxy's interception CA (forward-proxy mode)")
+    ca_commands = ca.add_subparsers(dest="ca_command", required=True, metavar="COMMAND")
+    ca_bundle = ca_commands.add_parser(
+        "bundle",
+        help="write the system roots plus kuikproxy's CA, for clients' SSL_CERT_FILE",
+        description="The CA is the config's forwardProxy.ca (generated there if missing).",
+    )
+    ca_bundle.add_argument("--config", metavar="FILE", help="the config whose CA to use")
+    ca_bundle.add_argument(
+        "--output", "-o", metavar="FILE", help="where to write it (default: standard output)"
+    )
+    inject = commands.add_parser(
+        "inject-webhook",
+        help="serve the admission webhook that injects the kuikproxy sidecar into pods",
+        description="A mutating admission webhook (AdmissionReview v1, POST /mutate over TLS) "
+        'that adds the kuikproxy sidecar to pods labelled kuikproxy.io/inject: "true". '
+        "It never refuses a pod: the webhook configuration's failurePolicy decides what "
+        "happens when it cannot be called.",
+    )
+    inject.add_argument(
+        "--listen", default="0.0.0.0:8443", metavar="HOST:PORT", help="default: 0.0.0.0:8443"
+    )
+    for flag, default in (("--tls-cert-file", "/tls/tls.crt"), ("--tls-key-file", "/tls/tls.key")):
+        inject.add_argument(flag, default=default, metavar="FILE", help=f"default: {default}")
+    for flag, variable, metavar, meaning in INJECT_ENVIRONMENT:
+        inject.add_argument(
+            flag,
+            default=os.environ.get(variable),
+            metavar=metavar,
+            help=f"{meaning} (env {variable})",
+        )
+    inject.add_argument(
+        "--log-level", choices=("debug", "info", "warning"), default="info", help="default: info"
+    )
+    inject.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="default: text"
     )
     return parser
 
@@ -130,7 +190,11 @@ def _serve(args: argparse.Namespace) -> int:
     from kuikproxy.web.server import run  # type: ignore[import-not-found,unused-ignore]
 
     _configure_logging(args.log_level, args.log_format)
-    run(config, config_path=args.config)
+    try:
+        run(config, config_path=args.config)
+    except StateError as error:  # P13: refused rather than started over, which loses it
+        print(error, file=sys.stderr)
+        return EXIT_STATE
     return 0
 
 
@@ -151,6 +215,55 @@ def _status(args: argparse.Namespace) -> int:
     return run(args.url, watch=args.watch, interval=args.interval)
 
 
+def _inject_webhook(args: argparse.Namespace) -> int:
+    # Imported here: the other commands need none of it.
+    from kuikproxy.inject.patch import SidecarSettings
+    from kuikproxy.inject.server import WebhookSettings, run
+
+    missing = [
+        f"{flag} (or {variable}) is required"
+        for flag, variable, _, _ in INJECT_ENVIRONMENT
+        if not getattr(args, flag[2:].replace("-", "_"))
+    ]
+    try:
+        if missing:
+            raise ConfigError(missing)
+        sidecar = SidecarSettings(args.sidecar_image, args.config_map, args.ca_bundle_secret)
+        settings = WebhookSettings.parse(
+            args.listen, args.tls_cert_file, args.tls_key_file, sidecar
+        )
+        _configure_logging(args.log_level, args.log_format)
+        run(settings)
+    except ConfigError as error:
+        _print_errors(error)
+        return EXIT_USAGE
+    return 0
+
+
+def _ca_bundle(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        _print_errors(error)
+        return EXIT_USAGE
+    # cryptography is imported only by the commands that mint certificates
+    from kuikproxy.forward.authority import Authority, CertificateError
+    from kuikproxy.forward.bundle import bundle
+
+    ca = config.forward_proxy.ca
+    try:
+        pem = bundle(Authority(ca.cert_file, ca.key_file))
+    except CertificateError as error:
+        print(f"kuikproxy ca bundle: {error}", file=sys.stderr)
+        return EXIT_CA
+    if args.output is None:
+        sys.stdout.write(pem.decode())
+    else:
+        with open(args.output, "wb") as file:
+            file.write(pem)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     parser = _parser()
@@ -163,4 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command == "status":
         return _status(args)
+    if args.command == "inject-webhook":
+        return _inject_webhook(args)
+    if args.command == "ca":
+        return _ca_bundle(args)
     return _check_config(args)

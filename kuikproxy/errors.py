@@ -4,6 +4,7 @@
 
     KuikProxyError
     ├── ConfigError                  an invalid config file (every error, with its path)
+    ├── StateError                   a state file (``state.path``) that cannot be used safely
     └── RegistryError                an error a client receives as an OCI error body (SPEC §12)
         ├── NameInvalid              400 NAME_INVALID      malformed repository name
         ├── DigestInvalid            400 DIGEST_INVALID    malformed digest
@@ -38,6 +39,11 @@ class ConfigError(KuikProxyError):
     def __init__(self, errors: list[str]) -> None:
         super().__init__("\n".join(errors))
         self.errors = errors
+
+
+class StateError(KuikProxyError):
+    """The state file cannot be used: unreadable, corrupt, not kuikproxy's, or written by a
+    newer kuikproxy. Refused at start rather than overwritten: its state would be lost."""
 
 
 class RegistryError(KuikProxyError):

@@ -161,6 +161,17 @@ def _flow_control(flow: FlowControl) -> list[str]:
     return lines
 
 
+def _forward_proxy(config: Config) -> str:
+    forward = config.forward_proxy
+    if not forward.enabled:
+        return "forwardProxy: off (CONNECT and absolute URIs are refused)"
+    tunnels = ", ".join(forward.tunnel_hosts) or "none"
+    return (
+        f"forwardProxy: on, CONNECT intercepted with the CA {forward.ca.cert_file} "
+        f"(key {forward.ca.key_file}); tunnelled blind: {tunnels}"
+    )
+
+
 def describe(config: Config) -> str:
     """A human-readable text of ``config``'s effective settings, one block per host."""
     host, port = config.listen_address()
@@ -175,6 +186,7 @@ def describe(config: Config) -> str:
         f"cache: maxAge {format_duration(config.cache.max_age)}, "
         f"maxEntries {config.cache.max_entries}, maxBytes {_size(config.cache.max_bytes)}",
         f"state: {config.state.path or 'in memory (lost on restart)'}",
+        _forward_proxy(config),
         "",
         *_flow_control(config.flow_control),
     ]

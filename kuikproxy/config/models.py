@@ -293,6 +293,48 @@ class StateSettings:
 
 
 @dataclass(frozen=True, config=_MODEL_CONFIG)
+class ForwardProxyCA:
+    """The CA kuikproxy mints its interception certificates from (SPEC §13)."""
+
+    cert_file: Annotated[str, Field(min_length=1)] = "kuikproxy-ca.crt"
+    """The CA certificate (PEM); generated with ``keyFile`` on first start when both are
+    missing. Relative paths are relative to the working directory."""
+    key_file: Annotated[str, Field(min_length=1)] = "kuikproxy-ca.key"
+    """The CA's private key (PEM, unencrypted), written with mode 0600 when generated."""
+
+
+@dataclass(frozen=True, config=_MODEL_CONFIG)
+class ForwardProxySettings:
+    """Forward-proxy mode (SPEC §13): kuikproxy as the ``HTTPS_PROXY`` of clients that cannot
+    be given a mirror (kube-image-keeper's controllers)."""
+
+    enabled: bool = False
+    """Accept ``CONNECT host:port`` (intercepted with TLS) and absolute-URI requests."""
+    ca: ForwardProxyCA = Field(default_factory=ForwardProxyCA)
+    """Where the interception CA is."""
+    tunnel_hosts: tuple[str, ...] = ()
+    """Globs of ``CONNECT`` targets tunnelled blind, never intercepted (e.g. the Kubernetes
+    API if a client sends it to the proxy). Only these may be reached without being paced."""
+
+    @field_validator("tunnel_hosts")
+    @classmethod
+    def _check_tunnel_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        patterns = tuple(pattern.strip().lower() for pattern in value)
+        for pattern in patterns:
+            if not pattern or "/" in pattern:
+                raise ValueError(f'invalid host pattern "{pattern}"')
+        return patterns
+
+    def tunnels(self, authority: str) -> bool:
+        """Whether ``CONNECT authority`` (``host:port``) is tunnelled blind."""
+        host = authority.lower()
+        bare = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        return any(
+            fnmatch.fnmatchcase(host, p) or fnmatch.fnmatchcase(bare, p) for p in self.tunnel_hosts
+        )
+
+
+@dataclass(frozen=True, config=_MODEL_CONFIG)
 class Config:
     """The whole validated configuration. Build it with :func:`kuikproxy.config.load_config`.
 
@@ -329,6 +371,8 @@ class Config:
     flow_control: FlowControl = Field(default_factory=FlowControl)
     """Priority levels and flow schemas in effect (SPEC §10): the built-in baseline when the
     file has no ``flowControl``, with the configured ones on top when it has."""
+    forward_proxy: ForwardProxySettings = Field(default_factory=ForwardProxySettings)
+    """Forward-proxy mode with TLS interception (SPEC §13); off by default."""
 
     @field_validator("listen")
     @classmethod

@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
+from kuikproxy.core.ringstate import EntryState, RingHeader, RingState
 from kuikproxy.core.sortedset import SortedSet
 
 SharedReads = Callable[[str], float | None]
@@ -117,7 +118,7 @@ class Ring:
             self._entries.move_to_end(image)
 
     def join(self, images: list[str], now: float) -> None:
-        """Many images join at once (a restored ring, a benchmark): one sort, not n inserts."""
+        """Many images join at once (a benchmark): one sort, not n inserts."""
         for image in images:
             if image not in self._entries:
                 self._entries[image] = _Entry(now)
@@ -284,6 +285,37 @@ class Ring:
                 entry.lap = lap  # spared: read for everyone since the walk was last here
             entry.passed = now
         return None
+
+    # -- what survives a restart (P13) ---------------------------------------------------------
+
+    def header(self) -> RingHeader:
+        return RingHeader(self.cursor, self.lap, self.cycle_started, self.cycle_duration)
+
+    def entry_state(self, image: str) -> EntryState:
+        entry = self._entries[image]
+        return EntryState(image, entry.asked, entry.answered, entry.lap)
+
+    def export(self) -> RingState:
+        """The whole ring as plain values, images in last-asked order."""
+        return RingState(
+            self.header(),
+            tuple(EntryState(i, e.asked, e.answered, e.lap) for i, e in self._entries.items()),
+        )
+
+    def load(self, state: RingState) -> None:
+        """Become the ring ``state`` describes (into an empty ring). It resumes after its
+        cursor; images done in the lap in progress stay done, so they are not due again in it;
+        ``cycle_started`` keeps the start of that lap, so its duration counts the time the
+        ring spent saved. Nothing waits yet: requests file their images as they come."""
+        header = state.header
+        self.cursor, self.lap = header.cursor, header.lap
+        self.cycle_started, self.cycle_duration = header.cycle_started, header.cycle_duration
+        # retention pops from the front of the last-asked order (P8): keep that order
+        for saved in sorted(state.entries, key=lambda e: e.asked):
+            entry = self._entries[saved.image] = _Entry(saved.asked)
+            entry.answered, entry.lap = saved.answered, saved.lap
+        if self._order is not None:
+            self._order.update(self._entries)
 
     # -- for people -----------------------------------------------------------------------------
 

@@ -40,8 +40,10 @@ from kuikproxy.core.copies import CopyQueue, OpenCopy
 from kuikproxy.core.images import Image
 from kuikproxy.core.reuse import fresh_for
 from kuikproxy.core.rings import Ring
+from kuikproxy.core.ringstate import RingChanges, RingState
 from kuikproxy.core.sortedset import SortedSet
 from kuikproxy.core.timedmap import TimedMap
+from kuikproxy.core.tracked import TrackedRing
 from kuikproxy.core.windows import Outcome, Series
 
 
@@ -176,6 +178,7 @@ class HostScheduler:
         self.copy_series.pass_idle(now)
         self.blocked_until: float | None = None
         self._rings: dict[str, Ring] = {}
+        self._changed: dict[TrackedRing, None] | None = None  # rings changed, when tracked (P13)
         self._check_ready = SortedSet()  # resources that may have a check due
         self._check_turn: str | None = None
         self._check_tickets: dict[str, dict[Ticket, None]] = {}  # image key → waiting tickets
@@ -239,7 +242,7 @@ class HostScheduler:
     def _ring(self, resource: str, now: float) -> Ring:
         ring = self._rings.get(resource)
         if ring is None:
-            ring = self._rings[resource] = Ring()
+            ring = self._rings[resource] = self._new_ring(resource)
             heapq.heappush(self._expiry, (now, resource))
             if self.pacing.prefetch:
                 ring.walk_in_order()
@@ -247,11 +250,53 @@ class HostScheduler:
         return ring
 
     def join(self, resource: str, images: list[str], now: float) -> None:
-        """Many images join a resource's ring at once (restored state, benchmarks)."""
+        """Many images join a resource's ring at once (benchmarks; restarts use :meth:`restore`)."""
         ring = self._ring(resource, now)
         ring.join(images, now)
         if self.pacing.prefetch:
             self._check_ready.add(resource)
+
+    # -- what survives a restart (P13) --------------------------------------------------------
+
+    def track_changes(self) -> None:
+        """From now on, rings remember what changed, for :meth:`changes` (a store is
+        configured). Called before any ring exists; without it rings pay nothing."""
+        if self._changed is None:
+            self._changed = {}
+
+    def _new_ring(self, resource: str) -> Ring:
+        changed = self._changed
+        return Ring() if changed is None else TrackedRing(resource, changed)
+
+    def restore(self, resource: str, state: RingState) -> None:
+        """Bring back ``resource``'s ring as it was saved before a restart, times in this
+        scheduler's clock, before any request of that resource here. It resumes after its
+        cursor; its lap in progress started before the restart, so the downtime counts in it."""
+        ring = self._new_ring(resource)
+        ring.load(state)
+        oldest = ring.oldest_ask()
+        if oldest is None:
+            return
+        self._rings[resource] = ring
+        heapq.heappush(self._expiry, (oldest, resource))
+        if self.pacing.prefetch:
+            ring.walk_in_order()
+            self._check_ready.add(resource)
+
+    def changes(self) -> list[tuple[str, RingChanges]]:
+        """Each ring's changes since the last call, by resource, in the order the rings first
+        changed; a ring that expired meanwhile says it is gone. Empty when not tracking."""
+        changed = self._changed
+        if not changed:
+            return []
+        out = [(ring.resource, ring.changes()) for ring in changed]
+        changed.clear()
+        return out
+
+    def export(self) -> list[tuple[str, RingState]]:
+        """Every ring whole, by resource; their changes until now count as written."""
+        self.changes()
+        return [(resource, ring.export()) for resource, ring in sorted(self._rings.items())]
 
     def check_window(self, now: float) -> WindowResult:
         """The check series' next window is due at ``now``: decide what it reads."""

@@ -38,6 +38,7 @@ from kuikproxy.core.quota import (
     preset,
 )
 from kuikproxy.core.reuse import is_kept_status
+from kuikproxy.core.ringstate import RingState
 from kuikproxy.core.scheduler import (
     Hold,
     HostPacing,
@@ -50,6 +51,7 @@ from kuikproxy.core.scheduler import (
     WindowResult,
 )
 from kuikproxy.errors import Denied, RegistryError, TooManyRequests, Unavailable
+from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.flow import FlowGate
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
@@ -117,6 +119,8 @@ class _Host:
         self.scheduler = HostScheduler(
             host, pacing_of(self.settings, pacer.config), now, origin=origin
         )
+        if pacer.durable is not None:  # P13: its rings remember what to write
+            pacer.durable.attach(host, self.scheduler)
         # blocks are host-wide for now (per_identity=False): the scheduler cannot yet keep one
         # identity's reads back while another's go, and a registry that said stop must not be
         # asked again by anyone until then
@@ -253,6 +257,8 @@ class _Host:
         try:
             if request is None:
                 return
+            if self.pacer.durable is not None:  # P13: the turn that took it is on disk first
+                await self.pacer.durable.flush()
             answer = await self.fetch(request, read.at, timeout)
         except RegistryError as error:
             served = group
@@ -270,6 +276,8 @@ class _Host:
             released = self.scheduler.check_read_done(
                 read, self.pacer.loop.time(), served=served, digest=digest, kept=kept
             )
+            if self.pacer.durable is not None:
+                self.pacer.durable.flush_soon()
             self.resolve(released, Go())
 
     async def copy_read(self, read: Read) -> None:
@@ -444,8 +452,10 @@ class Pacer:
         config: Config,
         registries: Registries,
         loop: asyncio.AbstractEventLoop | None = None,
+        durable: Durable | None = None,
     ) -> None:
         self.config = config
+        self.durable = durable  # where the pacing state survives restarts (P13), if anywhere
         self.registries = registries
         self.loop = loop or asyncio.get_running_loop()
         self.started = self.loop.time()
@@ -467,6 +477,16 @@ class Pacer:
             # windows until then, never an earlier first window
             runtime = self._hosts[host] = _Host(self, host, self.started, self.loop.time())
         return runtime
+
+    def restore(self, host: str, rings: dict[str, RingState], blocked_until: float | None) -> None:
+        """P13: ``host``'s rings and block as saved before a restart, in loop time, before
+        anything is served. Its series start with the proxy like any other host's (P1)."""
+        runtime = self._host(host)
+        for resource, state in rings.items():
+            runtime.scheduler.restore(resource, state)
+        if blocked_until is not None:
+            runtime.scheduler.block(blocked_until)
+            runtime.quota.block(blocked_until, now=self.loop.time())
 
     def reconfigure(self, config: Config) -> None:
         """Apply a valid new config in place (P12, §7.2). Hosts still paced take their new
@@ -584,6 +604,8 @@ class Pacer:
         block = runtime.quota.answered(status, headers, None, now, time.time())
         if block is not None:
             runtime.scheduler.block(block.until)
+            if self.durable is not None:
+                self.durable.blocked(host, block.until)
             runtime.refuse_outlasted(now)
 
     async def close(self) -> None:

@@ -26,6 +26,9 @@ from kuikproxy.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from kuikproxy.forward.authority import Authority
+from kuikproxy.forward.front import Forwarding
+from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest, forwarded
 from kuikproxy.runtime.metrics import Metrics
 from kuikproxy.runtime.pacer import Pacer
@@ -43,6 +46,7 @@ from kuikproxy.web import status as status_models
 from kuikproxy.web.classify import Target, classify
 from kuikproxy.web.keys import (
     CURRENT,
+    FORWARDING,
     METRICS,
     PACER,
     PING_CACHE,
@@ -75,7 +79,12 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
         config = current.config
         # from the raw line, not request.query: that one would stay cached on a held request
         url, write = request.rel_url, request.method not in READ_METHODS
-        located = current.locator.locate(url.raw_path, url.raw_query_string, request.host, write)
+        query, via = url.raw_query_string, None
+        forwarding = request.app[FORWARDING]
+        if forwarding is not None and (via := forwarding.via(request)) is not None:
+            # a request that came through the proxy names its registry like ?ns= does (§13)
+            query = f"ns={via.host}&{query}" if query else f"ns={via.host}"
+        located = current.locator.locate(url.raw_path, query, request.host, write)
         target = located.target
         host = target.host
         ns = host if target.by_ns else None  # answered with OCI-Namespace (§3)
@@ -89,7 +98,15 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
             response = await ping(request, target, settings)
         else:
             pacer = request.app[PACER]
-            read = classify(request, located.image, located.query, config, pacer.flow)
+            proxy_authorization = None if via is None else via.proxy_authorization
+            read = classify(
+                request,
+                located.image,
+                located.query,
+                config,
+                pacer.flow,
+                proxy_authorization=proxy_authorization,
+            )
             operation, cache = read.operation.value.capitalize(), "miss"
             if not settings.paced:  # a destination kuik owns (§4.3): straight through
                 async with pacer.upstream(read):
@@ -295,7 +312,13 @@ def build_app(
     """The whole application; ``transport`` defaults to aiohttp towards real registries.
     With ``config_path``, the file is watched and re-read on change and on SIGHUP (§7.2)."""
     app = web.Application()
-    app[CURRENT] = Current(config)
+    current = app[CURRENT] = Current(config)
+    forward = config.forward_proxy
+    app[FORWARDING] = (
+        Forwarding(lambda: current.config, Authority(forward.ca.cert_file, forward.ca.key_file))
+        if forward.enabled
+        else None
+    )
     app[WINDOW_LOG] = WindowLog()
     app[PING_CACHE] = {}
     guard = AddressGuard() if transport is None else None
@@ -316,7 +339,11 @@ def build_app(
         app[REGISTRIES] = Registries(
             config, upstream, loop.time, guard, answered, before_token=before_token
         )
-        pacer = app[PACER] = Pacer(config, app[REGISTRIES])
+        # P13: a state file that cannot be used stops the start, before anything is paced
+        durable = None if config.state.path is None else await Durable.open(config.state.path)
+        pacer = app[PACER] = Pacer(config, app[REGISTRIES], durable=durable)
+        if durable is not None:
+            await durable.restore(pacer)
         app[METRICS] = Metrics(
             lambda: _views(app), pacer.levels, lambda: pacer.quotas(pacer.loop.time())
         )
@@ -339,18 +366,28 @@ def build_app(
 
     async def cleanup(app: web.Application) -> None:
         await upstream.close()
+        forwarding = app[FORWARDING]
+        if forwarding is not None:
+            forwarding.authority.close()
+        durable = app[PACER].durable
+        if durable is not None:  # the last write, once nothing changes any more
+            await durable.close()
 
     watches: list[FileWatch] = []
     app.on_startup.append(start)
     app.on_shutdown.append(stop)
     app.on_cleanup.append(cleanup)
-    app.router.register_resource(ProxyRequests())
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", healthz)
-    app.router.add_get("/", status_page)
-    app.router.add_get("/status", status)
-    app.router.add_get("/status/schema", status_schema)
-    app.router.add_get("/metrics", metrics_page)
-    app.router.add_route("*", "/v2{tail:.*}", registry)
-    app.router.add_route("*", "/{tail:.*}", not_found)
+    _routes(app.router, forward=forward.enabled)
     return app
+
+
+def _routes(router: web.UrlDispatcher, *, forward: bool) -> None:
+    router.register_resource(ProxyRequests(forward=forward))
+    router.add_get("/healthz", healthz)
+    router.add_get("/readyz", healthz)
+    router.add_get("/", status_page)
+    router.add_get("/status", status)
+    router.add_get("/status/schema", status_schema)
+    router.add_get("/metrics", metrics_page)
+    router.add_route("*", "/v2{tail:.*}", registry)
+    router.add_route("*", "/{tail:.*}", not_found)

@@ -151,13 +151,18 @@ def _allowed(host: str, config: Config) -> str:
     return host
 
 
-def resource_of(request: web.Request, config: Config) -> str:
-    """Who the request is for (§4.2): the first configured source that names it."""
+def resource_of(
+    request: web.Request, config: Config, proxy_authorization: str | None = None
+) -> str:
+    """Who the request is for (§4.2): the first configured source that names it.
+    ``proxy_authorization`` is the one the client sent on its ``CONNECT``, for a request that
+    came through an intercepted tunnel (§13)."""
     for source in config.resource_identity:
         if source.startswith("header:"):
             name = _printable(request.headers.get(source[len("header:") :], ""))
         elif source == "proxyUser":
-            name = _printable(_proxy_user(request.headers.get("Proxy-Authorization", "")))
+            sent = request.headers.get("Proxy-Authorization") or proxy_authorization or ""
+            name = _printable(_proxy_user(sent))
         else:
             name = request.remote or "unknown"
         if name:
@@ -238,6 +243,8 @@ def classify(
     query: tuple[tuple[str, str], ...],
     config: Config,
     flows: FlowGate,
+    *,
+    proxy_authorization: str | None = None,
 ) -> RegistryRequest:
     """A manifest, blob, tag list or referrers read as the runtime paces it (§4.1, §4.3), with
     its priority level and flow (§10)."""
@@ -251,7 +258,7 @@ def classify(
             operation, opens = Operation.CHECK, False
         else:
             operation, opens = Operation.COPY, not image.by_digest
-    resource = resource_of(request, config)
+    resource = resource_of(request, config, proxy_authorization)
     paced = config.registry(image.host).paced
     flow = flows.classify(
         resource, image.host, operation.value if paced else "unpaced", request.headers

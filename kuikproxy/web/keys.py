@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from kuikproxy.forward.front import Forwarding
 from kuikproxy.runtime.messages import Answer
 from kuikproxy.runtime.metrics import Metrics
 from kuikproxy.runtime.pacer import Pacer
@@ -13,6 +14,7 @@ from kuikproxy.web.reload import Current, Reloader
 
 CURRENT = web.AppKey("current", Current)
 RELOADER = web.AppKey("reloader", Reloader)
+FORWARDING: web.AppKey[Forwarding | None] = web.AppKey("forwarding")  # None: not a proxy
 PACER = web.AppKey("pacer", Pacer)
 REGISTRIES = web.AppKey("registries", Registries)
 METRICS = web.AppKey("metrics", Metrics)

@@ -1,9 +1,11 @@
-"""Requests that ask for a forward proxy, refused before routing (SPEC §13).
+"""Requests that ask for a forward proxy, refused before routing unless kuikproxy is one (§13).
 
 ``CONNECT host:port`` (authority-form) and ``OPTIONS *`` (asterisk-form) name no path, so no
 path route can ever match them, and absolute-form requests (``GET http://host/...``) must not be
-read as if they were addressed to kuikproxy. Until forward-proxy mode exists they are all
-``405 UNSUPPORTED``, whatever host they name, before any connection.
+read as if they were addressed to kuikproxy. Without ``forwardProxy.enabled`` they are all
+``405 UNSUPPORTED``, whatever host they name, before any connection. With it, ``CONNECT`` never
+gets here (:mod:`kuikproxy.forward.front` takes it) and absolute-form requests are routed by
+their path like any other: the registry handler reads their host as the registry.
 
 aiohttp's router looks at rule-matched sub-application resources before its path index, for
 every request; this resource is one of those, and matches these requests only.
@@ -34,14 +36,17 @@ async def refuse(request: web.Request) -> web.StreamResponse:
 
 
 class ProxyRequests(MatchedSubAppResource):
-    """Matches the requests :func:`asks_for_a_proxy` and answers them with :func:`refuse`."""
+    """Matches the requests :func:`asks_for_a_proxy` and answers them with :func:`refuse`;
+    as a forward proxy, only those that name no path."""
 
-    def __init__(self) -> None:
+    def __init__(self, forward: bool = False) -> None:
         # the rule and application are placeholders: resolve() below decides alone
         super().__init__(Domain("proxy.invalid"), web.Application())
         self._route = ResourceRoute("*", refuse, self)
+        self._forward = forward
 
     async def resolve(self, request: web.Request) -> tuple[UrlMappingMatchInfo | None, set[str]]:
-        if asks_for_a_proxy(request):
+        forwarded = self._forward and request.rel_url.raw_path.startswith("/")
+        if asks_for_a_proxy(request) and not forwarded:
             return UrlMappingMatchInfo({}, self._route), {request.method}
         return None, set()

@@ -1,14 +1,19 @@
-"""``kuikproxy serve``: the application on its listen address until SIGTERM or SIGINT."""
+"""``kuikproxy serve``: the application on its listen address until SIGTERM or SIGINT — as a
+forward proxy too with ``forwardProxy.enabled`` (§13)."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
+import signal
 
 from aiohttp import web
 
 from kuikproxy.config import Config
+from kuikproxy.forward.front import FrontSite
 from kuikproxy.web.app import build_app
+from kuikproxy.web.keys import FORWARDING
 
 log = logging.getLogger(__name__)
 
@@ -34,20 +39,43 @@ def tune_garbage_collection() -> None:
 
 def run(config: Config, config_path: str | None = None) -> None:
     tune_garbage_collection()
-    host, port = config.listen_address()
-    log.info(
-        "kuikproxy listening on %s:%d (config: %s)", host or "*", port, config_path or "embedded"
-    )
-    web.run_app(
-        build_app(config, config_path=config_path),
-        host=host or None,
-        port=port,
-        print=None,
+    asyncio.run(serve(config, config_path))
+
+
+async def serve(config: Config, config_path: str | None = None) -> None:
+    """Listen until SIGTERM or SIGINT, then shut down: new connections refused, held requests
+    answered 503, streams in flight given :data:`SHUTDOWN_GRACE` (§7.2)."""
+    app = build_app(config, config_path=config_path)
+    runner = web.AppRunner(
+        app,
         # a client that goes away cancels its handler: a held request stops waiting (P11)
         handler_cancellation=True,
         # also the bound on a client that never finishes its request (slow headers): aiohttp
         # arms it when the connection is made, and bytes trickling in do not re-arm it
         keepalive_timeout=KEEPALIVE_TIMEOUT,
-        shutdown_timeout=SHUTDOWN_GRACE,
         access_log=None,
+        shutdown_timeout=SHUTDOWN_GRACE,
     )
+    await runner.setup()
+    host, port = config.listen_address()
+    forwarding = app[FORWARDING]
+    site: web.BaseSite = (
+        web.TCPSite(runner, host or None, port)
+        if forwarding is None
+        else FrontSite(runner, forwarding, host or None, port)
+    )
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await site.start()
+        log.info(
+            "kuikproxy listening on %s:%d%s (config: %s)",
+            host or "*", port, "" if forwarding is None else " as a forward proxy",
+            config_path or "embedded",
+        )  # fmt: skip
+        await stop.wait()
+        log.info("kuikproxy stopping")
+    finally:
+        await runner.cleanup()

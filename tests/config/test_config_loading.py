@@ -190,7 +190,7 @@ def test_two_errors_in_one_block() -> None:
         ("quota: {}", "quota: unknown key"),
         ("flowControl: {priorityLevel: []}", "flowControl.priorityLevel: unknown key"),
         ("fleet: {}", "fleet: unknown key"),
-        ("forwardProxy: {}", "forwardProxy: unknown key"),
+        ("forwardProxy: {enable: true}", "forwardProxy.enable: unknown key"),
         ("cache: {maxAgee: 1h}", "cache.maxAgee: unknown key"),
         (
             "registries: {docker.io: {quota: {presets: dockerhub-authenticated}}}",
@@ -203,7 +203,7 @@ def test_two_errors_in_one_block() -> None:
     ],
 )
 def test_unknown_keys(text: str, error: str) -> None:
-    """Unknown keys are refused: top-level quota (it is per host), fleet, forwardProxy, typos."""
+    """Unknown keys are refused: top-level quota (it is per host), fleet, typos."""
     assert errors_of(text) == [error]
 
 
