@@ -23,11 +23,14 @@ import ssl
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from kuikproxy.config import Config, validate_host
-from kuikproxy.forward.authority import Authority
+
+if TYPE_CHECKING:  # cryptography is loaded only where certificates are minted
+    from kuikproxy.forward.authority import Authority
 
 log = logging.getLogger(__name__)
 

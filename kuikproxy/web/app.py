@@ -26,7 +26,6 @@ from kuikproxy.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from kuikproxy.forward.authority import Authority
 from kuikproxy.forward.front import Forwarding
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest, forwarded
@@ -314,11 +313,12 @@ def build_app(
     app = web.Application()
     current = app[CURRENT] = Current(config)
     forward = config.forward_proxy
-    app[FORWARDING] = (
-        Forwarding(lambda: current.config, Authority(forward.ca.cert_file, forward.ca.key_file))
-        if forward.enabled
-        else None
-    )
+    app[FORWARDING] = None
+    if forward.enabled:  # cryptography is imported only by a forward proxy
+        from kuikproxy.forward.authority import Authority
+
+        authority = Authority(forward.ca.cert_file, forward.ca.key_file)
+        app[FORWARDING] = Forwarding(lambda: current.config, authority)
     app[WINDOW_LOG] = WindowLog()
     app[PING_CACHE] = {}
     guard = AddressGuard() if transport is None else None

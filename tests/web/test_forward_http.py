@@ -13,6 +13,8 @@ import asyncio
 import base64
 import json
 import ssl
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from tests.upstream_app import Registry
 from tests.web.test_tls_http import self_signed
 
 SECURE, PLAIN = "registry.test", "plain.test"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -220,3 +223,18 @@ async def test_tunnel_hosts_are_tunnelled_blind(
         writer.close()
     server.close()
     await server.wait_closed()
+
+
+def test_cryptography_is_imported_only_by_a_forward_proxy() -> None:
+    """The dependency the forward proxy adds costs the other ways of use nothing."""
+    code = (
+        "import sys\n"
+        "from kuikproxy.config import load_config\n"
+        "from kuikproxy.web.app import build_app\n"
+        "build_app(load_config(None))\n"
+        "print('cryptography' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert result.stdout.strip() == "False"
