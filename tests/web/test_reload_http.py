@@ -210,3 +210,25 @@ async def test_sighup_reloads(start: Any, registry: tuple[Registry, TestServer])
     os.kill(os.getpid(), signal.SIGHUP)
     assert await generation_reaches(client, 2)
     assert watch.current.config.registry(HOST).check.interval == 3.0
+
+
+@pytest.mark.looptime
+async def test_a_host_added_by_a_reload_starts_its_series_then(
+    start: Any, registry: tuple[Registry, TestServer]
+) -> None:
+    """A host first configured by a reload at 0.7 s has its first window a full interval
+    later (0.7 + 0.5), never one of the windows it would have had since the start."""
+    fake, server = registry
+    client, path = await start()
+    loop = asyncio.get_running_loop()
+    t0 = client.server.app[PACER].started
+    await asyncio.sleep(0.7 - (loop.time() - t0))
+    extra = (
+        f"  new.test:\n    upstream: http://127.0.0.1:{server.port}\n"
+        "    check: {interval: 500ms}\n"
+    )
+    write(path, server.port, extra=extra)
+    assert client.server.app[RELOADER].reload()
+    response = await client.head("/v2/app/manifests/n?ns=new.test", headers={"Kuik-Resource": "w"})
+    assert response.status == 200
+    assert [round(s.at - t0, 3) for s in fake.reads()] == [1.2]
