@@ -175,6 +175,9 @@ class Front(asyncio.Protocol):
             log.debug("TLS with a client for %s failed: %s", tunnel.host, error)
             transport.abort()
             return
+        except asyncio.CancelledError:  # shutting down mid-handshake
+            transport.abort()
+            raise
         if tls is None:
             transport.abort()
             return
@@ -194,6 +197,9 @@ class Front(asyncio.Protocol):
         except (OSError, ValueError) as error:
             self.answer(502, "Bad Gateway", f"cannot reach {target}: {error}", code="UNAVAILABLE")
             return
+        except asyncio.CancelledError:
+            client.abort()
+            raise
         assert isinstance(upstream, asyncio.Transport)
         pipes = self.forwarding.pipes
         pipes.update((client, upstream))
@@ -237,9 +243,13 @@ class FrontSite(web.BaseSite):
 
     async def stop(self) -> None:
         await super().stop()
-        for transport in list(self._forwarding.pipes):
+        forwarding = self._forwarding
+        for task in list(forwarding.tasks):  # handshakes and tunnels being set up
+            task.cancel()
+        await asyncio.gather(*forwarding.tasks, return_exceptions=True)
+        for transport in list(forwarding.pipes):
             transport.abort()
-        self._forwarding.pipes.clear()
+        forwarding.pipes.clear()
 
 
 class Pipe(asyncio.Protocol):
