@@ -126,6 +126,14 @@ class FlowGate:
             levels, settings.server_concurrency_limit, loop.time()
         )
         self._exempt = {level.name for level in levels if level.type is LevelType.EXEMPT}
+        # Whether a check or a copy can be Exempt at all (a schema on an Exempt level whose
+        # rules are not only for unpaced requests): when not, paced reads are classified only
+        # when they wait or go upstream, and kept answers never pay for flow schemas
+        self.paced_exempt = any(
+            schema.priority_level in self._exempt
+            and any(not r.operations or set(r.operations) - {"unpaced"} for r in schema.rules)
+            for schema in settings.flow_schemas
+        )
         # Schemas that read headers other than User-Agent make every request its own case;
         # otherwise a request's traits repeat and their classification is kept.
         by_headers = any(rule.headers for schema in settings.flow_schemas for rule in schema.rules)

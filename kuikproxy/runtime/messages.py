@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from multidict import CIMultiDict
 from yarl import URL
 
+from kuikproxy.config import Operation as FlowOperation
 from kuikproxy.core.images import Image
 from kuikproxy.core.reuse import accept_admits, method_serves
 from kuikproxy.core.scheduler import Operation
-from kuikproxy.runtime.flow import Flow
+from kuikproxy.runtime.flow import Flow, FlowGate
 from kuikproxy.upstream.client import end_to_end
 
 # R1: what a kept answer remembers of the headers, besides its status and body.
@@ -50,8 +52,24 @@ class RegistryRequest:
     sent: Mapping[str, str] | Headers
     auth: str | None  # key of the client's own Authorization (R5), None without one
     accept: tuple[str, ...]
-    flow: Flow  # its priority level and flow (§10)
+    gate: FlowGate  # the flow control that classifies it (§10)
     query: tuple[tuple[str, str], ...] = ()  # forwarded as sent, less ``ns``
+    paced: bool = True  # False: a host kuik owns (§4.3), its flows are ``unpaced`` ones
+    _flow: Flow | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def flow(self) -> Flow:
+        """Its priority level and flow (§10), classified when first needed: a request that a
+        kept answer serves never is, so that path pays nothing for flow schemas."""
+        flow = self._flow
+        if flow is None:
+            kind: FlowOperation = "unpaced"
+            if self.paced:
+                kind = "check" if self.operation is Operation.CHECK else "copy"
+            sent = self.sent if isinstance(self.sent, Mapping) else CIMultiDict(self.sent)
+            flow = self.gate.classify(self.resource, self.host, kind, sent)
+            object.__setattr__(self, "_flow", flow)
+        return flow
 
     @property
     def headers(self) -> Headers:

@@ -222,7 +222,7 @@ class _Host:
                 sent=tuple(("Accept", a) for a in accept),
                 auth=None,
                 accept=accept,
-                flow=self.pacer.flow.classify("", self.name, "check", {}),
+                gate=self.pacer.flow,
                 query=tuple(parse_qsl(read.image.query)),
             )
         first = read.leader if read.leader in group else group[0]

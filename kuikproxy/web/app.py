@@ -104,6 +104,7 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
                 located.query,
                 config,
                 pacer.flow,
+                paced=settings.paced,
                 proxy_authorization=proxy_authorization,
             )
             operation, cache = read.operation.value.capitalize(), "miss"
@@ -112,7 +113,7 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
                     upstream = _upstream(read, registries)
                     response = await stream(request, registries, host, upstream, ns)
                 return response
-            if read.flow.exempt:
+            if read.gate.paced_exempt and read.flow.exempt:
                 response, cache = await exempt(request, read, settings, ns)
                 return response
             outcome = pacer.admit(read)

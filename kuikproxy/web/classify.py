@@ -244,10 +244,11 @@ def classify(
     config: Config,
     flows: FlowGate,
     *,
+    paced: bool = True,
     proxy_authorization: str | None = None,
 ) -> RegistryRequest:
-    """A manifest, blob, tag list or referrers read as the runtime paces it (§4.1, §4.3), with
-    its priority level and flow (§10)."""
+    """A manifest, blob, tag list or referrers read as the runtime paces it (§4.1, §4.3); its
+    priority level and flow (§10) are found by ``flows`` when first needed."""
     if image.route == BLOBS:
         operation, opens = Operation.COPY, False
     elif image.route in (TAGS, REFERRERS):
@@ -258,21 +259,17 @@ def classify(
             operation, opens = Operation.CHECK, False
         else:
             operation, opens = Operation.COPY, not image.by_digest
-    resource = resource_of(request, config, proxy_authorization)
-    paced = config.registry(image.host).paced
-    flow = flows.classify(
-        resource, image.host, operation.value if paced else "unpaced", request.headers
-    )
     return RegistryRequest(
         host=image.host,
         image=image,
-        resource=resource,
+        resource=resource_of(request, config, proxy_authorization),
         operation=operation,
         method=request.method,
         opens=opens,
         sent=request.headers,
         auth=auth_key(request),
         accept=tuple(request.headers.getall("Accept", ())),
-        flow=flow,
+        gate=flows,
         query=tuple((k, v) for k, v in query if k != "ns"),
+        paced=paced,
     )
