@@ -171,7 +171,7 @@ def test_status_tables_never_send_a_clients_control_characters_to_the_terminal()
         "registries": {
             HOST: {
                 "check": {"interval": "1s", "mode": "hold", "nextWindow": None, "waiting": 0,
-                          "windows": {"used": 1, "idle": 0, "busy": 0, "blocked": 0}},
+                          "windows": {"used": 1, "idle": 0, "busy": 0, "blocked": 0, "fleet": 0}},
                 "copy": {"interval": "5m0s", "nextWindow": None, "open": hostile, "queued": 0},
                 "blockedUntil": None,
             }

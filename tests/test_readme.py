@@ -110,7 +110,7 @@ def test_the_patch_labels_pods_the_way_the_webhook_selects_them(document: Path) 
 
 
 def test_the_standalone_forward_proxy_config_is_valid() -> None:
-    (serve, bundle, _) = commands(README)[-3:]
+    serve, bundle = [argv for argv in commands(README) if "examples/forward-proxy.yaml" in argv]
     path = ROOT / serve[serve.index("--config") + 1]
     assert path == ROOT / bundle[bundle.index("--config") + 1]
     assert load_config(path).forward_proxy.enabled
@@ -131,3 +131,10 @@ def test_the_kuik_example_runs_kuiks_registry_unpaced_and_its_webhook_exempt() -
         resource="ImageMonitor/a", host="ghcr.io", operation="check"
     )
     assert monitor is not None and monitor.priority_level == "checks"
+
+
+def test_the_fleet_config_is_valid() -> None:
+    (fleet,) = [block for block in blocks(README, "yaml") if "fleet:" in block]
+    config = parse_config(fleet)
+    assert config.fleet is not None and config.fleet.name == "proxy-a"
+    assert config.registry("docker.io").fleet == "shared"

@@ -38,11 +38,13 @@ class Seen:
 
 @dataclass
 class Registry:
-    """The recording registry; ``delay`` slows manifest answers, ``fail`` maps paths to statuses."""
+    """The recording registry; ``delay`` slows manifest answers, ``fail`` maps paths to statuses
+    (with ``Retry-After: retry_after`` when set)."""
 
     seen: list[Seen] = field(default_factory=list)
     delay: float = 0.0
     fail: dict[str, int] = field(default_factory=dict)
+    retry_after: str | None = None  # sent with the failing answers
     blob_chunks: int = 4
 
     def reads(self, kind: str = "manifests") -> list[Seen]:
@@ -73,7 +75,9 @@ class Registry:
         status = self.fail.get(request.path)
         if status is not None:
             return web.json_response(
-                {"errors": [{"code": "UNKNOWN", "message": "failing"}]}, status=status
+                {"errors": [{"code": "UNKNOWN", "message": "failing"}]},
+                status=status,
+                headers={"Retry-After": self.retry_after} if self.retry_after else None,
             )
         name, reference = request.match_info["name"], request.match_info["reference"]
         body = manifest_of(name, reference)

@@ -250,6 +250,9 @@ class RegistrySettings:
     """The registry's endpoint, ``http(s)://host[:port]``; unset means ``https://<host>``."""
     paced: bool = True
     """``false`` for a destination kuik owns: passed through, never paced (P14)."""
+    fleet: Literal["shared", "local"] = "shared"
+    """With a ``fleet``: ``shared`` paces this host for the whole fleet (one image per window
+    in total), ``local`` for this proxy alone."""
     check: CheckSettings = Field(default_factory=CheckSettings)
     """The check series (manifest reads)."""
     copy: CopySettings = Field(default_factory=CopySettings)
@@ -335,6 +338,30 @@ class ForwardProxySettings:
 
 
 @dataclass(frozen=True, config=_MODEL_CONFIG)
+class RedisSettings:
+    """Where the fleet meets (issue 8)."""
+
+    url: Annotated[str, Field(min_length=1)]
+    """``redis://host:port/db``, or ``rediss://`` for TLS; a password may be in it."""
+    password_file: Annotated[str, Field(min_length=1)] | None = None
+    """A file holding the password (a mounted Secret), instead of one in the URL."""
+    tls_ca_file: Annotated[str, Field(min_length=1)] | None = None
+    """The CA that signs the server's certificate (``rediss://``), besides the system's."""
+
+
+@dataclass(frozen=True, config=_MODEL_CONFIG)
+class FleetSettings:
+    """Several proxies sharing one registry budget (issue 8): windows, blocks and their
+    origins are the fleet's, kept in Redis."""
+
+    redis: RedisSettings
+    """The Redis the fleet shares."""
+    name: Annotated[str, Field(min_length=1, max_length=253)] | None = None
+    """This proxy's name in the fleet, unique per proxy and stable across its restarts;
+    default the machine's host name (a pod's name)."""
+
+
+@dataclass(frozen=True, config=_MODEL_CONFIG)
 class Config:
     """The whole validated configuration. Build it with :func:`kuikproxy.config.load_config`.
 
@@ -373,6 +400,8 @@ class Config:
     file has no ``flowControl``, with the configured ones on top when it has."""
     forward_proxy: ForwardProxySettings = Field(default_factory=ForwardProxySettings)
     """Forward-proxy mode with TLS interception (SPEC §13); off by default."""
+    fleet: FleetSettings | None = None
+    """Proxies sharing registries' budgets through Redis; unset: this proxy paces alone."""
 
     @field_validator("listen")
     @classmethod

@@ -329,6 +329,18 @@ class HostScheduler:
             return self._outcome(self.check_series, at, Outcome.USED, read)
         return self._outcome(self.check_series, at, Outcome.IDLE)
 
+    def has_due(self, operation: Operation) -> bool:
+        """Whether a window of ``operation``'s series could have something to do now — what a
+        proxy of a fleet asks before claiming it (may say yes when nothing turns out due)."""
+        if operation is Operation.CHECK:
+            return bool(self._check_ready)
+        return bool(self._copy_ready)
+
+    def lose_window(self, operation: Operation, now: float, outcome: Outcome) -> WindowResult:
+        """The series' window due at ``now`` is not this proxy's to use (``fleet``)."""
+        series = self.check_series if operation is Operation.CHECK else self.copy_series
+        return self._outcome(series, series.fire(now), outcome)
+
     def check_read_done(
         self, read: Read, now: float, *, served: list[Ticket], digest: str | None, kept: bool
     ) -> list[Ticket]:

@@ -23,6 +23,7 @@ class Outcome(StrEnum):
     IDLE = "idle"  # nothing was due
     BUSY = "busy"  # the previous image of the series was still being read (or the loop was late)
     BLOCKED = "blocked"  # the registry asked us to stop (§11)
+    FLEET = "fleet"  # another proxy of the fleet used it (issue 8)
 
 
 @dataclass(slots=True)
@@ -63,6 +64,17 @@ class Series:
 
     def count(self, outcome: Outcome) -> None:
         self.outcomes[outcome] += 1
+
+    def align(self, origin: float, now: float) -> None:
+        """Take the fleet's grid (issue 8): windows at ``origin + k·interval``, the next one the
+        first after ``now``. The windows skipped to get there are not counted: they were the
+        fleet's, never this proxy's."""
+        self.origin = origin
+        self.fired = max(0, self._last_due(now))
+
+    def index(self, at: float) -> int:
+        """The index ``k`` of the window at ``at`` (a time :meth:`next_window` gave)."""
+        return round((at - self.origin) / self.interval)
 
     def restart(self, now: float, interval: float) -> None:
         """A new origin at ``now`` (P12): the first window is a full ``interval`` later."""

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
@@ -32,6 +33,7 @@ from prometheus_client.registry import Collector
 from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.quota import BucketView, QuotaSnapshot
 from kuikproxy.core.scheduler import HostView
+from kuikproxy.runtime.fleet import FleetView
 
 # waits range from a kept answer (none) through a window (seconds to minutes) to a lap (hours)
 WAIT_BUCKETS = (0.01, 0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600)
@@ -222,12 +224,32 @@ class Metrics:
     nobody queries (a process-wide switch of prometheus-client's; kuikproxy owns its process).
     """
 
-    def __init__(self, views: Views, levels: Levels, quotas: Quotas) -> None:
+    def __init__(
+        self,
+        views: Views,
+        levels: Levels,
+        quotas: Quotas,
+        fleet: Callable[[], FleetView] | None = None,
+    ) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(PacingCollector(views))
         self.registry.register(FlowControlCollector(levels))
         self.registry.register(QuotaCollector(quotas))
+        if fleet is not None:  # issue 8: whether the fleet is reached, and how large it is
+            connected = Gauge(
+                "kuik_proxy_fleet_connected",
+                "1 while the fleet's store is reached; 0 while this proxy paces alone, on one "
+                "window in kuik_proxy_fleet_size.",
+                registry=self.registry,
+            )
+            connected.set_function(lambda: float(fleet().connected))
+            size = Gauge(
+                "kuik_proxy_fleet_size",
+                "Proxies in the fleet as last seen, this one included.",
+                registry=self.registry,
+            )
+            size.set_function(lambda: float(fleet().size))
         self.requests = Counter(
             "kuik_proxy_requests",
             "Registry requests answered by kuikproxy; cache is hit (a kept answer), miss (read "

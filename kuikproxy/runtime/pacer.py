@@ -50,8 +50,11 @@ from kuikproxy.core.scheduler import (
     Ticket,
     WindowResult,
 )
+from kuikproxy.core.windows import Outcome, Series
 from kuikproxy.errors import Denied, RegistryError, TooManyRequests, Unavailable
+from kuikproxy.fleet.backend import FleetBackend
 from kuikproxy.runtime.durable import Durable
+from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.flow import FlowGate
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
@@ -129,6 +132,8 @@ class _Host:
         self.timers: dict[Operation, asyncio.TimerHandle] = {}
         self.arm(Operation.CHECK)
         self.arm(Operation.COPY)
+        if self.fleet is not None:
+            pacer.spawn(self.align())
 
     def reconfigure(self, settings: RegistrySettings, now: float) -> None:
         """New settings in place (P12): a changed interval restarts its series only (its timer
@@ -142,6 +147,10 @@ class _Host:
             self.arm(Operation.CHECK)
         if pacing.copy_interval != old.copy_interval:
             self.arm(Operation.COPY)
+        if self.fleet is not None and (
+            (pacing.check_interval, pacing.copy_interval) != (old.check_interval, old.copy_interval)
+        ):
+            self.pacer.spawn(self.align())  # the new interval's grid is the fleet's too
         specs = quota_specs(settings)
         if specs != self.quota.buckets.specs:
             quota = HostQuota(specs, per_identity=False)
@@ -161,19 +170,71 @@ class _Host:
             old.cancel()
         self.timers[operation] = loop.call_at(self.series(operation), self.window, operation)
 
+    def _series(self, operation: Operation) -> Series:
+        s = self.scheduler
+        return s.check_series if operation is Operation.CHECK else s.copy_series
+
+    @property
+    def fleet(self) -> FleetLink | None:
+        """The fleet this host's windows are shared with, if any (``fleet: shared``)."""
+        return self.pacer.fleet if self.settings.fleet == "shared" else None
+
     def window(self, operation: Operation) -> None:
+        fleet = self.fleet
+        if fleet is None or not self.scheduler.has_due(operation):
+            self.open_window(operation, self.pacer.loop.time())
+            return
+        # a window with something due, on a fleet's grid: claimed first; the next one is armed
+        # now, so a slow answer from the fleet never shifts the grid
+        series = self._series(operation)
+        at = series.next_window()
+        self.timers[operation] = self.pacer.loop.call_at(
+            at + series.interval, self.window, operation
+        )
+        self.pacer.spawn(self.fleet_window(operation, series.index(at)))
+
+    async def fleet_window(self, operation: Operation, index: int) -> None:
+        fleet, series = self.fleet, self._series(operation)
+        assert fleet is not None
+        if fleet.connected and not fleet.aligned(self.name, operation, series):
+            # not on the fleet's grid yet (the store was away): take it, and skip this window,
+            # whose index was counted on this proxy's own grid
+            await fleet.align(self.name, operation, series)
+            self.arm(operation)
+            return
+        mine = await fleet.may_use(self.name, operation, index, series.interval, self.scheduler)
+        if series.fired >= index or self.pacer.hosts.get(self.name) is not self.scheduler:
+            return  # a later window fired meanwhile, or the host is gone (a reload)
         now = self.pacer.loop.time()
+        if mine:
+            self.open_window(operation, now)
+        else:
+            self.observe(operation, self.scheduler.lose_window(operation, now, Outcome.FLEET), now)
+
+    async def align(self) -> None:
+        """Both series on the fleet's grid (at start, and after a reload changed an interval)."""
+        fleet = self.fleet
+        if fleet is None:
+            return
+        for operation in (Operation.CHECK, Operation.COPY):
+            await fleet.align(self.name, operation, self._series(operation))
+            self.arm(operation)
+
+    def open_window(self, operation: Operation, now: float) -> None:
         s = self.scheduler
         result = s.check_window(now) if operation is Operation.CHECK else s.copy_window(now)
         self.arm(operation)
+        self.observe(operation, result, now)
+        if result.read is not None:
+            self.pacer.spawn(self.carry_out(result.read))
+
+    def observe(self, operation: Operation, result: WindowResult, now: float) -> None:
         for observe in self.pacer.observers:
             observe(self.name, operation, result, now - result.at)
         log.debug(
             "%s %s window: %s (%.1f ms late)",
             self.name, operation, result.outcome, (now - result.at) * 1000,
         )  # fmt: skip
-        if result.read is not None:
-            self.pacer.spawn(self.carry_out(result.read))
 
     def close(self, error: RegistryError | None) -> None:
         """Stop the series; held requests get ``error``, or go at once when it is None."""
@@ -453,6 +514,7 @@ class Pacer:
         registries: Registries,
         loop: asyncio.AbstractEventLoop | None = None,
         durable: Durable | None = None,
+        fleet: FleetBackend | None = None,
     ) -> None:
         self.config = config
         self.durable = durable  # where the pacing state survives restarts (P13), if anywhere
@@ -460,6 +522,8 @@ class Pacer:
         self.loop = loop or asyncio.get_running_loop()
         self.started = self.loop.time()
         self.wall_offset = time.time() - self.started  # for /status: loop time → wall time
+        # the proxies this one shares registries' budgets with (issue 8), if any
+        self.fleet = None if fleet is None else FleetLink(fleet, self.loop, self.wall_offset)
         self.kept = KeptAnswers(config.cache.max_entries, config.cache.max_bytes)
         self.flow = FlowGate(config.flow_control, self.loop)
         self.observers: list[WindowObserver] = []
@@ -606,6 +670,8 @@ class Pacer:
             runtime.scheduler.block(block.until)
             if self.durable is not None:
                 self.durable.blocked(host, block.until)
+            if runtime.fleet is not None:
+                self.spawn(runtime.fleet.block(host, block.until))
             runtime.refuse_outlasted(now)
 
     async def close(self) -> None:

@@ -26,8 +26,10 @@ from kuikproxy.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from kuikproxy.fleet.backend import FleetBackend
 from kuikproxy.forward.front import Forwarding
 from kuikproxy.runtime.durable import Durable
+from kuikproxy.runtime.fleet import FleetView
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest, forwarded
 from kuikproxy.runtime.metrics import Metrics
 from kuikproxy.runtime.pacer import Pacer
@@ -300,17 +302,33 @@ async def status(request: web.Request) -> web.StreamResponse:
         flow=status_models.flow_control_status(
             pacer.flow.settings.server_concurrency_limit, pacer.levels(), clock
         ),
+        fleet=None if pacer.fleet is None else _fleet_status(pacer.fleet.view(), clock),
         resource=request.query.get("resource"),
         registry=request.query.get("registry"),
     )
     return web.json_response(text=document.model_dump_json(by_alias=True))
 
 
+def _fleet_status(view: FleetView, clock: status_models.Clock) -> status_models.FleetStatus:
+    return status_models.FleetStatus(
+        name=view.name,
+        connected=view.connected,
+        size=view.size,
+        since=clock.rfc3339(view.since),
+        lastError=view.error,
+    )
+
+
 def build_app(
-    config: Config, transport: Transport | None = None, *, config_path: str | None = None
+    config: Config,
+    transport: Transport | None = None,
+    *,
+    config_path: str | None = None,
+    fleet: FleetBackend | None = None,
 ) -> web.Application:
     """The whole application; ``transport`` defaults to aiohttp towards real registries.
-    With ``config_path``, the file is watched and re-read on change and on SIGHUP (§7.2)."""
+    With ``config_path``, the file is watched and re-read on change and on SIGHUP (§7.2).
+    With ``config.fleet``, windows are shared through ``fleet`` (default: its Redis)."""
     app = web.Application()
     current = app[CURRENT] = Current(config)
     forward = config.forward_proxy
@@ -322,11 +340,33 @@ def build_app(
         app[FORWARDING] = Forwarding(lambda: current.config, authority)
     app[WINDOW_LOG] = WindowLog()
     app[PING_CACHE] = {}
-    guard = AddressGuard() if transport is None else None
-    upstream = transport or AiohttpTransport(guard=guard)
+    lifecycle = _Lifecycle(config, transport, config_path, fleet)
+    app.on_startup.append(lifecycle.start)
+    app.on_shutdown.append(lifecycle.stop)
+    app.on_cleanup.append(lifecycle.cleanup)
+    _routes(app.router, forward=forward.enabled)
+    return app
 
-    async def start(app: web.Application) -> None:
-        loop = asyncio.get_running_loop()
+
+class _Lifecycle:
+    """What the application starts, and stops, with its event loop."""
+
+    def __init__(
+        self,
+        config: Config,
+        transport: Transport | None,
+        config_path: str | None,
+        fleet: FleetBackend | None,
+    ) -> None:
+        self.config = config
+        self.guard = AddressGuard() if transport is None else None
+        self.upstream = transport or AiohttpTransport(guard=self.guard)
+        self.config_path = config_path
+        self.fleet = fleet
+        self.watches: list[FileWatch] = []
+
+    async def start(self, app: web.Application) -> None:
+        loop, config = asyncio.get_running_loop(), self.config
 
         def answered(
             host: str, method: str, status: int | None, headers: tuple[tuple[str, str], ...]
@@ -337,49 +377,53 @@ def build_app(
         async def before_token(host: str) -> None:
             await app[PACER].spend_oauth(host)
 
-        app[REGISTRIES] = Registries(
-            config, upstream, loop.time, guard, answered, before_token=before_token
+        registries = app[REGISTRIES] = Registries(
+            config, self.upstream, loop.time, self.guard, answered, before_token=before_token
         )
         # P13: a state file that cannot be used stops the start, before anything is paced
         durable = None if config.state.path is None else await Durable.open(config.state.path)
-        pacer = app[PACER] = Pacer(config, app[REGISTRIES], durable=durable)
+        fleet = self.fleet
+        if fleet is None and config.fleet is not None:
+            from kuikproxy.fleet.join import join  # redis-py only for a fleet
+
+            fleet = self.fleet = await join(config.fleet)
+        pacer = app[PACER] = Pacer(config, registries, durable=durable, fleet=fleet)
         if durable is not None:
             await durable.restore(pacer)
+        link = pacer.fleet
         app[METRICS] = Metrics(
-            lambda: _views(app), pacer.levels, lambda: pacer.quotas(pacer.loop.time())
+            lambda: _views(app),
+            pacer.levels,
+            lambda: pacer.quotas(pacer.loop.time()),
+            None if link is None else link.view,
         )
-        app[PACER].observers.append(app[WINDOW_LOG].observe)
+        pacer.observers.append(app[WINDOW_LOG].observe)
         reloader = app[RELOADER] = Reloader(
-            config_path, app[CURRENT], pacer, app[REGISTRIES], lambda: app[METRICS]
+            self.config_path, app[CURRENT], pacer, registries, lambda: app[METRICS]
         )
-        if config_path is not None:
-            watches.append(FileWatch(config_path, reloader.changed, loop))
+        if self.config_path is not None:
+            self.watches.append(FileWatch(self.config_path, reloader.changed, loop))
             loop.add_signal_handler(signal.SIGHUP, reloader.reload)
 
-    async def stop(app: web.Application) -> None:
-        for watch in watches:
+    async def stop(self, app: web.Application) -> None:
+        for watch in self.watches:
             watch.close()
-        if config_path is not None:
+        if self.config_path is not None:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         # on shutdown, before aiohttp waits for handlers: held requests are answered 503 now
         # rather than cancelled after the grace period
         await app[PACER].close()
 
-    async def cleanup(app: web.Application) -> None:
-        await upstream.close()
+    async def cleanup(self, app: web.Application) -> None:
+        await self.upstream.close()
         forwarding = app[FORWARDING]
         if forwarding is not None:
             forwarding.authority.close()
         durable = app[PACER].durable
         if durable is not None:  # the last write, once nothing changes any more
             await durable.close()
-
-    watches: list[FileWatch] = []
-    app.on_startup.append(start)
-    app.on_shutdown.append(stop)
-    app.on_cleanup.append(cleanup)
-    _routes(app.router, forward=forward.enabled)
-    return app
+        if self.fleet is not None:
+            await self.fleet.close()
 
 
 def _routes(router: web.UrlDispatcher, *, forward: bool) -> None:

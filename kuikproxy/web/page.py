@@ -32,18 +32,20 @@ REFRESH = 2
 POSITION_BUDGET = 100_000
 """How many hold-ring images one page may count to place cursors (~10 ms in all): past it,
 rings get no lap bar, so that a page never holds the event loop for long, however many rings."""
-OUTCOMES = ("used", "idle", "busy", "blocked")
+OUTCOMES = ("used", "idle", "busy", "blocked", "fleet")
 OUTCOME_COLORS = {
     "used": "#2f9e44",
     "idle": "#ced4da",
     "busy": "#f08c00",
     "blocked": "#e03131",
+    "fleet": "#7048e8",
 }
 OUTCOME_MEANINGS = {
     "used": "read one image",
     "idle": "nothing was due",
     "busy": "previous image still being read",
     "blocked": "the registry asked us to stop",
+    "fleet": "another proxy of the fleet used it",
 }
 CELL = 9  # px per window in a timeline
 CELL_GAP = 2

@@ -27,6 +27,7 @@ class WindowCounts(_Model):
     idle: int
     busy: int
     blocked: int
+    fleet: int = Field(0, description="used by another proxy of the fleet")
 
 
 class CheckSeries(_Model):
@@ -149,6 +150,14 @@ class FlowControlStatus(_Model):
     priority_levels: list[PriorityLevelStatus] = Field(alias="priorityLevels")
 
 
+class FleetStatus(_Model):
+    name: str
+    connected: bool = Field(description="false: pacing alone, on one window in `size`")
+    size: int = Field(description="proxies in the fleet, as last seen, this one included")
+    since: str = Field(description="when `connected` last changed")
+    last_error: str | None = Field(alias="lastError")
+
+
 class Status(_Model):
     started_at: str = Field(alias="startedAt")
     config: ConfigStatus
@@ -156,6 +165,7 @@ class Status(_Model):
     resources: dict[str, ResourceStatus]
     cache: CacheStatus
     flow_control: FlowControlStatus = Field(alias="flowControl")
+    fleet: FleetStatus | None = Field(None, description="None: this proxy paces alone")
 
 
 class Clock:
@@ -231,6 +241,7 @@ def build_status(
     kept: KeptAnswers,
     quotas: dict[str, QuotaSnapshot] | None = None,
     flow: FlowControlStatus | None = None,
+    fleet: FleetStatus | None = None,
     resource: str | None = None,
     registry: str | None = None,
 ) -> Status:
@@ -272,6 +283,7 @@ def build_status(
         },
         cache=CacheStatus(entries=len(kept), bytes=kept.bytes, hits=kept.hits, misses=kept.misses),
         flowControl=flow or FlowControlStatus(serverConcurrencyLimit=0, priorityLevels=[]),
+        fleet=fleet,
     )
 
 

@@ -189,7 +189,7 @@ def test_two_errors_in_one_block() -> None:
     [
         ("quota: {}", "quota: unknown key"),
         ("flowControl: {priorityLevel: []}", "flowControl.priorityLevel: unknown key"),
-        ("fleet: {}", "fleet: unknown key"),
+        ("fleet: {redis: {url: redis://x}, size: 3}", "fleet.size: unknown key"),
         ("forwardProxy: {enable: true}", "forwardProxy.enable: unknown key"),
         ("cache: {maxAgee: 1h}", "cache.maxAgee: unknown key"),
         (
@@ -203,7 +203,7 @@ def test_two_errors_in_one_block() -> None:
     ],
 )
 def test_unknown_keys(text: str, error: str) -> None:
-    """Unknown keys are refused: top-level quota (it is per host), fleet, typos."""
+    """Unknown keys are refused: top-level quota (it is per host), typos."""
     assert errors_of(text) == [error]
 
 

@@ -99,7 +99,13 @@ def test_p9_open_copy_keeps_the_series_busy_until_idle_after_its_last_request() 
     nxt = window(sched)  # 5m = 300
     assert nxt.outcome is Outcome.USED
     assert nxt.read is not None and nxt.read.image.key == "library/redis:7"
-    assert sched.view(300.0).copy.windows == {"used": 2, "idle": 0, "busy": 3, "blocked": 0}
+    assert sched.view(300.0).copy.windows == {
+        "used": 2,
+        "idle": 0,
+        "busy": 3,
+        "blocked": 0,
+        "fleet": 0,
+    }
 
 
 def test_p9_member_digest_and_blob_requests_pass_while_the_copy_is_open() -> None:

@@ -41,7 +41,7 @@ async def test_s8_status_validates_against_its_schema_after_laps_copies_and_filt
     whole: dict[str, Any] = await (await client.get("/status")).json()
     jsonschema.validate(whole, schema)
     assert set(whole) == {
-        "startedAt", "config", "registries", "resources", "cache", "flowControl"
+        "startedAt", "config", "registries", "resources", "cache", "flowControl", "fleet"
     }  # fmt: skip
     registry_part = whole["registries"][HOST]
     assert set(registry_part) == {"check", "copy", "blockedUntil", "quota"}

@@ -1,0 +1,52 @@
+"""The fleet seam: what the runtime asks of the proxies it shares registries with.
+
+Every time here is **wall-clock** seconds (``time.time()``): each proxy's event-loop clock is its
+own, and the fleet's series must open at the same instants for all of them. The runtime converts
+to and from its loop time. A backend that cannot be reached raises :class:`FleetUnavailable`;
+the runtime then paces alone, slower (issue 8: the interval times the last known fleet size).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from kuikproxy.errors import KuikProxyError
+
+
+class FleetUnavailable(KuikProxyError):
+    """The fleet's store cannot be reached (or answered an error)."""
+
+
+class FleetBackend(Protocol):
+    name: str
+    """This proxy's name in the fleet (``fleet.name``): unique per process."""
+
+    async def origin(self, host: str, series: str, interval: float, proposed: float) -> float:
+        """The origin (wall time) of ``host``'s ``series`` (``check`` or ``copy``) for the whole
+        fleet: the one already set for this ``interval``, or ``proposed``, set now. A different
+        interval replaces the origin (a reload changed it, P12): windows restart from
+        ``proposed``."""
+        ...
+
+    async def claim(self, host: str, series: str, window: int, interval: float) -> bool:
+        """Whether this proxy, which has something due, may use window ``window`` (its index
+        since the origin) of ``host``'s ``series``. At most one proxy of the fleet gets each
+        window; among the proxies that have had something due in the last two intervals, the
+        windows go round in turns (window ``k`` to the ``k mod n``-th by name), so none starves.
+        Calling registers this proxy as having something due."""
+        ...
+
+    async def block(self, host: str, until: float) -> float:
+        """``host`` (a registry said stop) is blocked until ``until`` for the whole fleet; a block
+        is never shortened. Returns the block's end now in force."""
+        ...
+
+    async def blocked_until(self, host: str) -> float | None:
+        """The end of the fleet's block of ``host``, if one is in force."""
+        ...
+
+    async def size(self) -> int:
+        """How many proxies the fleet has (seen within the last minute), this one included."""
+        ...
+
+    async def close(self) -> None: ...

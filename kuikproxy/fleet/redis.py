@@ -1,0 +1,275 @@
+"""The fleet on Redis (issue 8): :class:`RedisFleet` implements :class:`FleetBackend`.
+
+Key layout, with the default ``key_prefix`` ``kuikproxy:``, ``<series>`` ``check`` or ``copy``,
+``<host>`` the registry host as configured (``{…}`` literal braces, a Redis hash tag)::
+
+    kuikproxy:fleet                         sorted set  proxy name -> its last heartbeat (ms,
+                                                        Redis' clock); older than 60 s: dropped
+    kuikproxy:{<host>}:<series>:origin      hash        interval (whole ms), origin (wall time,
+                                                        seconds); never expires
+    kuikproxy:{<host>}:<series>:due         sorted set  proxy name -> its last claim (ms, Redis'
+                                                        clock); expires 2 intervals + 1 s after
+                                                        the last claim
+    kuikproxy:{<host>}:<series>:window:<k>  string      the name of the proxy that got window k;
+                                                        expires 2 intervals + 1 s after
+    kuikproxy:{<host>}:block                string      the block's end (wall time, seconds);
+                                                        expires at that end
+
+Another ``key_prefix`` keeps several fleets apart on one Redis. Every read-modify-write is one
+Lua script, so it is atomic: two proxies can never both take a window, and a block is never
+shortened. The host is hash-tagged so that a host's keys stay together, but the scripts also
+touch ``kuikproxy:fleet`` (the heartbeat rides along every call: one round trip), so the target
+is one Redis server (or a replicated primary), not a Redis Cluster — the fleet's data is a few
+small keys per host.
+
+Every error reaching Redis (refused, timed out, authentication, a script error) is raised as
+:class:`FleetUnavailable`; timeouts are short (1 s) and only a broken connection is retried
+(once, at once), because the runtime's answer to an unreachable store — pace alone, slower —
+is cheap and safe, and a window must not wait for the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+
+from kuikproxy.fleet.backend import FleetBackend, FleetUnavailable
+
+log = logging.getLogger(__name__)
+
+TIMEOUT = 1.0  # seconds to connect, and per command: a window must not wait long
+HEARTBEAT_EVERY = 10.0  # seconds between heartbeats when the runtime calls nothing
+ALIVE_FOR = 60  # seconds a proxy counts in the fleet's size after its last heartbeat
+
+# Every script but the block's starts here: ``now`` from Redis' clock, and this proxy's
+# heartbeat (KEYS[1] the fleet, ARGV[1] this proxy's name). Redis' clock, not the callers':
+# who was seen when is compared across proxies, and their clocks may disagree.
+_HEARTBEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - ALIVE_MS))
+""".replace("ALIVE_MS", str(ALIVE_FOR * 1000))
+
+# KEYS: fleet, origin. ARGV: name, interval (ms), proposed origin. Numbers travel as strings
+# both ways (a Lua number returned to Redis is cut to an integer).
+_ORIGIN = (
+    _HEARTBEAT
+    + """
+if redis.call('HGET', KEYS[2], 'interval') == ARGV[2] then
+  return redis.call('HGET', KEYS[2], 'origin')
+end
+redis.call('HSET', KEYS[2], 'interval', ARGV[2], 'origin', ARGV[3])
+return ARGV[3]
+"""
+)
+
+# KEYS: fleet, origin, due, window k. ARGV: name, interval (ms), the origin this proxy uses
+# ('' if it never asked), k.
+_CLAIM = (
+    _HEARTBEAT
+    + """
+if ARGV[3] ~= '' then
+  local interval = redis.call('HGET', KEYS[2], 'interval')
+  if not interval then
+    -- the store lost it (restarted empty): put back the one the fleet used, so that a proxy
+    -- joining now gets the same grid instead of starting one of its own
+    redis.call('HSET', KEYS[2], 'interval', ARGV[2], 'origin', ARGV[3])
+  elseif interval ~= ARGV[2] or redis.call('HGET', KEYS[2], 'origin') ~= ARGV[3] then
+    -- this proxy's grid is not the fleet's (its config has another interval, or another
+    -- proxy set the origin since): its windows fall between the fleet's, none may be used
+    return 0
+  end
+end
+local span = 2 * tonumber(ARGV[2])
+redis.call('ZADD', KEYS[3], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. (now - span))
+redis.call('PEXPIRE', KEYS[3], span + 1000)
+local owner = redis.call('GET', KEYS[4])
+if owner then
+  return owner == ARGV[1] and 1 or 0
+end
+-- turns: window k to the (k mod n)-th by name of the proxies due within two intervals
+local due = redis.call('ZRANGE', KEYS[3], 0, -1)
+table.sort(due)
+if due[tonumber(ARGV[4]) % #due + 1] ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[4], ARGV[1], 'PX', span + 1000)
+return 1
+"""
+)
+
+# KEYS: fleet. ARGV: name. The proxies seen within ALIVE_FOR, this one included.
+_SIZE = _HEARTBEAT + "return redis.call('ZCARD', KEYS[1])"
+
+# KEYS: block. ARGV: until (wall seconds), until (ms, rounded up). A block is never shortened;
+# Redis expires it at its end (by Redis' clock: a skew between it and the proxies' clocks
+# moves a block's end by that skew, as it moves the windows).
+_BLOCK = """
+local current = redis.call('GET', KEYS[1])
+if current and tonumber(current) >= tonumber(ARGV[1]) then
+  return current
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PXAT', ARGV[2])
+return ARGV[1]
+"""
+
+
+def _ms(interval: float) -> str:
+    """An interval as the fleet compares it: whole milliseconds, the same text for every
+    proxy (``10.0`` and ``10`` are one interval)."""
+    return str(max(1, round(interval * 1000)))
+
+
+class RedisFleet:
+    """A :class:`FleetBackend` on one Redis server. Make one with :meth:`connect`."""
+
+    def __init__(self, client: redis.asyncio.Redis, name: str, key_prefix: str) -> None:
+        self.name = name
+        self._redis = client
+        where = client.connection_pool.connection_kwargs  # never the URL: it may hold a password
+        self._where = where.get("path") or f"{where.get('host')}:{where.get('port')}"
+        self._prefix = key_prefix
+        self._fleet_key = f"{key_prefix}fleet"
+        self._origin = client.register_script(_ORIGIN)
+        self._claim = client.register_script(_CLAIM)
+        self._size = client.register_script(_SIZE)
+        self._block = client.register_script(_BLOCK)
+        # the origin this proxy was given per (host, series), checked by every claim
+        self._origins: dict[tuple[str, str], str] = {}
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        name: str,
+        *,
+        password: str | None = None,
+        tls_ca_file: str | None = None,
+        key_prefix: str = "kuikproxy:",
+    ) -> RedisFleet:
+        """A fleet on the Redis at ``url`` (``redis://`` or, for TLS, ``rediss://``; a password
+        in the URL wins over ``password``). Returns even when Redis cannot be reached yet: the
+        calls then raise :class:`FleetUnavailable` until it can, so a proxy starts alone and
+        joins when the store answers. A malformed URL or option is a ``ValueError``."""
+        options: dict[str, Any] = {
+            "socket_connect_timeout": TIMEOUT,
+            "socket_timeout": TIMEOUT,
+            # RESP2, as redis-py before 8 spoke: any Redis (and look-alike) answers it, and a
+            # missing password reads "Authentication required" rather than a HELLO error
+            "protocol": 2,
+            # one retry, at once, of a connection that failed (every script is idempotent):
+            # a pooled connection that a restarted server closed is then replaced; a timeout is
+            # not retried, a window must not wait twice
+            "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        }
+        if password is not None:
+            options["password"] = password
+        if tls_ca_file is not None:
+            if not url.startswith("rediss://"):
+                raise ValueError("fleet: a TLS CA file needs a rediss:// URL")
+            options["ssl_ca_certs"] = tls_ca_file
+        client = redis.asyncio.from_url(url, **options)
+        fleet = cls(client, name, key_prefix)
+        try:
+            await fleet.size()  # the first heartbeat: this proxy counts from now
+        except FleetUnavailable as error:
+            log.warning("%s; pacing alone until it answers", error)
+        fleet._heartbeat = asyncio.create_task(fleet._beat(), name=f"fleet heartbeat {name}")
+        return fleet
+
+    def _key(self, host: str, *parts: str) -> str:
+        return ":".join((f"{self._prefix}{{{host}}}", *parts))
+
+    async def _call(self, what: str, call: Awaitable[Any]) -> Any:
+        try:
+            return await call
+        except (RedisError, OSError) as error:
+            detail = str(error) or type(error).__name__
+            raise FleetUnavailable(
+                f"fleet store {self._where} unavailable ({what}): {detail}"
+            ) from error
+
+    async def origin(self, host: str, series: str, interval: float, proposed: float) -> float:
+        answer = await self._call(
+            f"origin of {host} {series}",
+            self._origin(
+                keys=[self._fleet_key, self._key(host, series, "origin")],
+                args=[self.name, _ms(interval), repr(float(proposed))],
+            ),
+        )
+        text = answer.decode() if isinstance(answer, bytes) else str(answer)
+        self._origins[host, series] = text
+        return float(text)
+
+    async def claim(self, host: str, series: str, window: int, interval: float) -> bool:
+        won = await self._call(
+            f"claim of {host} {series} window {window}",
+            self._claim(
+                keys=[
+                    self._fleet_key,
+                    self._key(host, series, "origin"),
+                    self._key(host, series, "due"),
+                    self._key(host, series, "window", str(window)),
+                ],
+                args=[self.name, _ms(interval), self._origins.get((host, series), ""), window],
+            ),
+        )
+        return bool(won)
+
+    async def block(self, host: str, until: float) -> float:
+        answer = await self._call(
+            f"block of {host}",
+            self._block(
+                keys=[self._key(host, "block")],
+                args=[repr(float(until)), math.ceil(until * 1000)],
+            ),
+        )
+        return float(answer)
+
+    async def blocked_until(self, host: str) -> float | None:
+        """Redis drops a block at its end (its clock); a block that has ended by this proxy's
+        clock is not returned either."""
+        answer = await self._call(f"block of {host}", self._redis.get(self._key(host, "block")))
+        if answer is None:
+            return None
+        until = float(answer)
+        return until if until > time.time() else None
+
+    async def size(self) -> int:
+        count = await self._call("fleet size", self._size(keys=[self._fleet_key], args=[self.name]))
+        return max(1, int(count))
+
+    async def _beat(self) -> None:
+        """Keep this proxy counted while the runtime calls nothing (no host has work due)."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_EVERY)
+            with contextlib.suppress(FleetUnavailable):  # the runtime's calls report it
+                await self.size()
+
+    async def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+            self._heartbeat = None
+        await self._redis.aclose()
+
+
+if TYPE_CHECKING:
+
+    def _is_a_backend(fleet: RedisFleet) -> FleetBackend:
+        return fleet  # mypy checks that RedisFleet matches the seam

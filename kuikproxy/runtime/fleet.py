@@ -1,0 +1,137 @@
+"""A proxy's side of a fleet (issue 8): windows used by turns across proxies, one budget.
+
+With ``fleet`` configured, every host whose ``fleet`` is ``shared`` paces on the fleet's grid:
+its series' origins are the fleet's (the first proxy to start sets them), and before a window
+with something due is used the proxy claims it (:meth:`FleetLink.may_use`) — at most one proxy
+gets each window, in turns among those with something due. A window another proxy got counts
+``fleet``. A block a registry puts on one proxy is the fleet's, and every proxy honours it.
+
+When the fleet's store cannot be reached the proxy paces alone, never faster than its share:
+it uses one window in ``n``, ``n`` the last fleet size it knew — the windows that were its turns
+(``k mod n`` = its place), so the fleet's proxies, each alone, still use each window at most
+once — and says so (``/status.fleet``, ``kuik_proxy_fleet_connected``); each window tries the
+store again, so it rejoins as soon as the store answers. No request is lost or doubled by the
+switch: requests wait in the scheduler either way, and only who may use a window changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from dataclasses import dataclass
+
+from kuikproxy.core.scheduler import HostScheduler, Operation
+from kuikproxy.core.windows import Series
+from kuikproxy.fleet.backend import FleetBackend, FleetUnavailable
+
+log = logging.getLogger(__name__)
+
+SIZE_EVERY = 10.0  # seconds between looks at the fleet's size
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    name: str
+    connected: bool
+    size: int  # the last known number of proxies, this one included
+    since: float  # loop time of the last change of ``connected``
+    error: str | None
+
+
+class FleetLink:
+    """The fleet as this proxy's runtime sees it: its backend, and whether it can be reached."""
+
+    def __init__(
+        self, backend: FleetBackend, loop: asyncio.AbstractEventLoop, wall_offset: float
+    ) -> None:
+        self.backend = backend
+        self.loop = loop
+        self.offset = wall_offset  # loop time + offset = wall time, the fleet's clock
+        self.connected = True
+        self.size = 1
+        self.since = loop.time()
+        self.error: str | None = None
+        self._sized = -SIZE_EVERY
+        # this proxy's place in the turns (window k goes to the k mod n-th proxy): learnt from
+        # the windows it wins, so that alone it keeps to the windows that were its own
+        self.rank = zlib.crc32(backend.name.encode()) % 64
+        # series on the fleet's grid: (host, series, interval); forgotten when the store is
+        # lost, so that every series takes the grid again when it is back (the store may have
+        # restarted empty, and claims are only the fleet's on its grid)
+        self._aligned: set[tuple[str, str, float]] = set()
+
+    def aligned(self, host: str, operation: Operation, series: Series) -> bool:
+        return (host, operation.value, series.interval) in self._aligned
+
+    async def align(self, host: str, operation: Operation, series: Series) -> None:
+        """Put ``series`` on the fleet's grid for this interval (setting it if this proxy is
+        the first); left on its own grid while the fleet cannot be reached."""
+        try:
+            origin = await self.backend.origin(
+                host, operation.value, series.interval, series.origin + self.offset
+            )
+        except FleetUnavailable as error:
+            self._down(error)
+            return
+        self._up()
+        series.align(origin - self.offset, self.loop.time())
+        self._aligned.add((host, operation.value, series.interval))
+
+    async def may_use(
+        self,
+        host: str,
+        operation: Operation,
+        window: int,
+        interval: float,
+        scheduler: HostScheduler,
+    ) -> bool:
+        """Whether this proxy may use window ``window`` of ``host``'s series, which it has
+        something due for. A block the fleet knows of is put on the scheduler first (the window
+        is then this proxy's to count ``blocked``)."""
+        try:
+            until = await self.backend.blocked_until(host)
+            if until is not None and until > self.loop.time() + self.offset:
+                scheduler.block(until - self.offset)
+                return True
+            won = await self.backend.claim(host, operation.value, window, interval)
+            await self._refresh_size()
+        except FleetUnavailable as error:
+            self._down(error)
+            # alone: the windows that were this proxy's turns, no more (the fleet's others
+            # keep to theirs), so the registry still sees at most one read per window
+            return window % self.size == self.rank % self.size
+        self._up()
+        if won:
+            self.rank = window % self.size
+        return won
+
+    async def block(self, host: str, until: float) -> None:
+        """A registry blocked ``host`` (loop time) for this proxy: the fleet's now."""
+        try:
+            await self.backend.block(host, until + self.offset)
+        except FleetUnavailable as error:
+            self._down(error)
+
+    async def _refresh_size(self) -> None:
+        now = self.loop.time()
+        if now - self._sized >= SIZE_EVERY:
+            self._sized = now
+            self.size = max(1, await self.backend.size())
+
+    def _up(self) -> None:
+        if not self.connected:
+            log.warning("fleet: reached again, pacing with the fleet (%d proxies)", self.size)
+            self.connected, self.since, self.error = True, self.loop.time(), None
+
+    def _down(self, error: FleetUnavailable) -> None:
+        if self.connected:
+            log.warning(
+                "fleet: %s; pacing alone on one window in %d until it is back", error, self.size
+            )
+            self.connected, self.since = False, self.loop.time()
+        self.error = str(error)
+        self._aligned.clear()
+
+    def view(self) -> FleetView:
+        return FleetView(self.backend.name, self.connected, self.size, self.since, self.error)

@@ -1,0 +1,166 @@
+"""Several proxies pacing one registry as a fleet (issue 8), in one process on virtual time.
+
+Each proxy is a whole application before the same recording registry; they share a fleet
+through :class:`~kuikproxy.fleet.memory.MemoryFleet` (the seam's reference implementation: the
+Redis one is tested against a real server in ``tests/fleet``). The registry's own record is the
+evidence: what reached it, and when.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from kuikproxy.config import parse_config
+from kuikproxy.fleet.memory import FleetState, MemoryFleet
+from kuikproxy.web.app import build_app
+from kuikproxy.web.keys import PACER
+from tests.conftest import HOST, head
+from tests.upstream_app import Registry
+
+pytestmark = pytest.mark.looptime
+
+INTERVAL = 0.2
+JITTER = 0.01  # the registry stamps a read when it arrives: a few virtual ms after its window
+Client = TestClient[Any, Any]
+Start = Callable[..., Awaitable[list[Client]]]
+
+
+@pytest.fixture
+def fleet(
+    registry: tuple[Registry, TestServer],
+    aiohttp_client: Callable[..., Awaitable[Client]],
+) -> Start:
+    """``fleet(n)``: n proxies of one fleet; ``fleet(n, state)`` on a given shared state."""
+    _, server = registry
+
+    async def start(count: int, state: FleetState | None = None) -> list[Client]:
+        state = state or FleetState(clock=asyncio.get_running_loop().time)
+        clients = []
+        for n in range(count):
+            config = parse_config(
+                f"fleet: {{redis: {{url: 'redis://127.0.0.1:1'}}, name: p{n}}}\n"
+                f"registries:\n  {HOST}:\n    upstream: http://127.0.0.1:{server.port}\n"
+                f"    check: {{interval: {INTERVAL * 1000:g}ms}}\n"
+            )
+            app = build_app(config, fleet=MemoryFleet(state, f"p{n}"))
+            clients.append(await aiohttp_client(app, server_kwargs={"handler_cancellation": True}))
+        await asyncio.sleep(0)  # each proxy's series take the fleet's grid
+        return clients
+
+    return start
+
+
+def gaps(times: list[float]) -> list[float]:
+    return [round(b - a, 3) for a, b in itertools.pairwise(sorted(times))]
+
+
+async def test_three_proxies_read_at_most_one_image_per_interval_in_all(
+    fleet: Start, registry: tuple[Registry, TestServer]
+) -> None:
+    """Three proxies, each with a resource of its own asking for 20 images of one host: every
+    request is answered, and the registry sees at most one read per window of the fleet's
+    series, never two in one; windows are lost only as a proxy runs out of work (its turns
+    stay its own for two intervals)."""
+    fake, _ = registry
+    proxies = await fleet(3)
+    requests = [
+        head(client, f"p{n}-{i:02}", f"r{n}") for n, client in enumerate(proxies) for i in range(20)
+    ]
+    responses = await asyncio.gather(*requests)
+    assert {r.status for r in responses} == {200}
+    times = [s.at for s in fake.reads()]
+    assert len(times) == 60
+    assert min(gaps(times)) >= INTERVAL - JITTER
+    assert max(times) - min(times) <= (59 + 2 * 2) * INTERVAL + JITTER
+
+
+async def test_two_proxies_with_work_always_due_take_turns(
+    fleet: Start, registry: tuple[Registry, TestServer]
+) -> None:
+    """Over 50 windows, each of two always-busy proxies gets between 40 % and 60 % of them;
+    the windows it does not get count ``fleet`` in its /status."""
+    fake, _ = registry
+    first, second = await fleet(2)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    requests = [
+        asyncio.ensure_future(head(client, f"{n}-{i:02}", f"r{n}"))
+        for n, client in enumerate((first, second))
+        for i in range(60)
+    ]
+    await asyncio.sleep(50 * INTERVAL + INTERVAL / 2)
+    reads = [s for s in fake.reads() if s.at <= start + 50 * INTERVAL + 1e-6]
+    assert len(reads) == 50
+    share = sum(1 for s in reads if s.path.rsplit("/", 1)[1].startswith("0-")) / 50
+    assert 0.4 <= share <= 0.6, share
+    status = await (await first.get("/status")).json()
+    assert status["registries"][HOST]["check"]["windows"]["fleet"] >= 20
+    assert status["fleet"]["connected"] and status["fleet"]["size"] == 2
+    for request in requests:
+        request.cancel()
+    await asyncio.gather(*requests, return_exceptions=True)
+
+
+async def test_a_block_seen_by_one_proxy_blocks_the_host_for_all(
+    fleet: Start, registry: tuple[Registry, TestServer]
+) -> None:
+    """The registry answers one proxy's read 429 with ``Retry-After: 1``: until the block ends
+    the other proxy sends nothing either, and its windows count ``blocked``."""
+    fake, _ = registry
+    fake.fail["/v2/app/manifests/stop"], fake.retry_after = 429, "1"
+    first, second = await fleet(2)
+    stopped = asyncio.ensure_future(head(first, "stop", "a"))
+    await asyncio.sleep(2 * INTERVAL)
+    (refused,) = fake.reads()
+    loop = asyncio.get_running_loop()
+    until = first.server.app[PACER].blocked_until(HOST, loop.time())
+    assert until is not None
+    waiting = asyncio.ensure_future(head(second, "go", "b"))
+    await asyncio.sleep(0.5)
+    assert fake.reads() == [refused]  # nothing from the second proxy while the host is blocked
+    status = await (await second.get("/status")).json()
+    assert status["registries"][HOST]["check"]["windows"]["blocked"] >= 1
+    assert status["registries"][HOST]["blockedUntil"] is not None
+    fake.fail.clear()
+    assert (await waiting).status == 200
+    assert (await stopped).status == 200
+    assert fake.reads()[1].at >= until - JITTER  # nothing before the block's end
+
+
+async def test_without_the_fleets_store_each_proxy_paces_alone_on_its_share(
+    fleet: Start, registry: tuple[Registry, TestServer]
+) -> None:
+    """The store goes down: each of two proxies uses one window in two (the fleet's size it
+    knew), so the registry never sees more than one read per interval; /status says so; when
+    the store is back they rejoin, and no request was lost."""
+    fake, _ = registry
+    state = FleetState(clock=asyncio.get_running_loop().time)
+    first, second = await fleet(2, state)
+    requests = [
+        asyncio.ensure_future(head(client, f"{n}-{i:02}", f"r{n}"))
+        for n, client in enumerate((first, second))
+        for i in range(20)
+    ]
+    await asyncio.sleep(4 * INTERVAL + INTERVAL / 2)
+    state.up = False
+    before = len(fake.reads())
+    await asyncio.sleep(10 * INTERVAL)
+    alone = fake.reads()[before:]
+    assert alone and min(gaps([s.at for s in alone])) >= INTERVAL - JITTER
+    status = await (await first.get("/status")).json()
+    assert status["fleet"]["connected"] is False and status["fleet"]["lastError"]
+    metrics = await (await first.get("/metrics")).text()
+    assert "kuik_proxy_fleet_connected 0.0" in metrics
+    state.up = True
+    responses = await asyncio.gather(*requests)
+    assert {r.status for r in responses} == {200}
+    assert len(fake.reads()) == 40
+    assert min(gaps([s.at for s in fake.reads()])) >= INTERVAL - JITTER
+    assert (await (await first.get("/status")).json())["fleet"]["connected"] is True
+    assert first.server.app[PACER].held() == 0
