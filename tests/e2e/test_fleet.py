@@ -1,0 +1,126 @@
+"""A fleet of real ``kuikproxy serve`` processes sharing one ``redis-server`` (issue 8).
+
+The suite's distribution registry is the one upstream, and its request log the evidence; each
+proxy reads it as ``registry.test:5000`` with a check window every 200 ms, and every proxy's
+clients ask for images of their own (tags of ``fleet-<run>/p<n>``), so every proxy always has
+something due.
+
+* three proxies, 20 images each: every request is answered, and the registry never sees two
+  reads within one interval — not even while Redis is killed for a few seconds in the middle
+  (the proxies pace alone on their own turns, say so in ``/status``, and rejoin after);
+* two proxies with work always due: over 50 windows neither gets fewer than 40 % of them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import itertools
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import REGISTRY, require
+from tests.e2e.peers import DistributionRegistry, Kuikproxy, http, registry_block
+from tests.fleet.conftest import RedisServer
+
+pytestmark = pytest.mark.e2e
+
+INTERVAL = 0.2
+TOLERANCE = 0.02  # the registry stamps a read when it arrives, a little after its window
+
+
+@contextlib.contextmanager
+def proxies(
+    count: int, registry: DistributionRegistry, redis: RedisServer, workdir: Path
+) -> Iterator[list[Kuikproxy]]:
+    with contextlib.ExitStack() as stack:
+        fleet = []
+        for n in range(count):
+            config = {
+                "defaultRegistry": REGISTRY,
+                "allowedHosts": [],
+                "fleet": {"redis": {"url": redis.url}, "name": f"p{n}"},
+                "registries": {REGISTRY: registry_block(registry.url)},
+            }
+            fleet.append(stack.enter_context(Kuikproxy(workdir / f"p{n}", config)))
+        yield fleet
+
+
+def ask(proxy: Kuikproxy, repository: str, tag: str) -> int:
+    url = f"{proxy.url}/v2/{repository}/manifests/{tag}?ns={REGISTRY}"
+    status, _, _ = http(url, "HEAD", headers={"Kuik-Resource": repository}, timeout=60)
+    return status
+
+
+def reads(registry: DistributionRegistry, prefix: str, since: float) -> list[Any]:
+    return sorted(
+        (r for r in registry.requests(since) if r.repository.startswith(prefix)),
+        key=lambda r: r.started,
+    )
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    require("redis-server")
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_three_proxies_send_at_most_one_read_per_interval_even_without_redis_for_a_while(
+    registry: DistributionRegistry, redis: RedisServer, tmp_path: Path
+) -> None:
+    prefix = f"fleet-{time.time_ns()}"
+    with proxies(3, registry, redis, tmp_path) as fleet:
+        since = time.time()
+        with concurrent.futures.ThreadPoolExecutor(60) as pool:
+            answers = [
+                pool.submit(ask, proxy, f"{prefix}/p{n}", f"t{i:02}")
+                for n, proxy in enumerate(fleet)
+                for i in range(20)
+            ]
+            time.sleep(3.0)
+            redis.stop()  # an outage of a few seconds in the middle of the run
+            time.sleep(1.0)
+            alone = fleet[0].status()["fleet"]
+            time.sleep(2.0)
+            redis.start()
+            statuses = [answer.result(timeout=90) for answer in answers]
+        back = fleet[0].status()["fleet"]
+        logs = "\n".join(proxy.log() for proxy in fleet)
+    assert statuses == [404] * 60  # the registry's own answer: these tags do not exist
+    assert alone["connected"] is False and alone["lastError"], alone
+    assert back["connected"] is True and back["size"] == 3, back
+    times = [r.started for r in reads(registry, prefix, since)]
+    assert len(times) == 60, logs
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert min(gaps) >= INTERVAL - TOLERANCE, (min(gaps), logs)
+
+
+def test_two_proxies_with_work_always_due_share_the_windows(
+    registry: DistributionRegistry, redis: RedisServer, tmp_path: Path
+) -> None:
+    prefix = f"turns-{time.time_ns()}"
+    with proxies(2, registry, redis, tmp_path) as fleet:
+        since = time.time()
+        with concurrent.futures.ThreadPoolExecutor(120) as pool:
+            answers = [
+                pool.submit(ask, proxy, f"{prefix}/p{n}", f"t{i:02}")
+                for n, proxy in enumerate(fleet)
+                for i in range(60)
+            ]
+            statuses = [answer.result(timeout=90) for answer in answers]
+    assert statuses == [404] * 120
+    rows = reads(registry, prefix, since)
+    window_of_first_50 = rows[:50]
+    first = sum(1 for r in window_of_first_50 if r.repository.endswith("/p0"))
+    assert 20 <= first <= 30, first  # at least 40 % each
+    gaps = [b.started - a.started for a, b in itertools.pairwise(rows)]
+    assert min(gaps) >= INTERVAL - TOLERANCE
