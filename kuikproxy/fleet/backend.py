@@ -45,6 +45,16 @@ class FleetBackend(Protocol):
         """The end of the fleet's block of ``host``, if one is in force."""
         ...
 
+    async def keep(self, host: str, key: str, answer: bytes, ttl: float) -> None:
+        """Share a kept answer (R1; ``answer`` serialised by the runtime) of ``host`` under
+        ``key`` — image, method and whose answer it is (R5 travels with the key) — for ``ttl``
+        seconds (``cache.maxAge``)."""
+        ...
+
+    async def kept(self, host: str, keys: list[str]) -> list[bytes | None]:
+        """The answers the fleet keeps under each of ``keys`` of ``host`` (None: none)."""
+        ...
+
     async def size(self) -> int:
         """How many proxies the fleet has (seen within the last minute), this one included."""
         ...

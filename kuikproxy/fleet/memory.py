@@ -29,6 +29,7 @@ class FleetState:
     windows: dict[Series, dict[int, str]] = field(default_factory=dict)  # index → owner
     blocks: dict[str, float] = field(default_factory=dict)
     seen: dict[str, float] = field(default_factory=dict)  # name → last heard of
+    answers: dict[tuple[str, str], tuple[bytes, float]] = field(default_factory=dict)  # → expiry
 
 
 class MemoryFleet:
@@ -81,6 +82,17 @@ class MemoryFleet:
         now = self._now()
         until = self.state.blocks.get(host)
         return until if until is not None and until > now else None
+
+    async def keep(self, host: str, key: str, answer: bytes, ttl: float) -> None:
+        self.state.answers[(host, key)] = (answer, self._now() + ttl)
+
+    async def kept(self, host: str, keys: list[str]) -> list[bytes | None]:
+        now = self._now()
+        out: list[bytes | None] = []
+        for key in keys:
+            found = self.state.answers.get((host, key))
+            out.append(None if found is None or found[1] <= now else found[0])
+        return out
 
     async def size(self) -> int:
         now = self._now()

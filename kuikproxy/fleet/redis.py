@@ -14,6 +14,8 @@ Key layout, with the default ``key_prefix`` ``kuikproxy:``, ``<series>`` ``check
                                                         expires 2 intervals + 1 s after
     kuikproxy:{<host>}:block                string      the block's end (wall time, seconds);
                                                         expires at that end
+    kuikproxy:{<host>}:kept:<key>           string      a kept answer (R1), as the runtime
+                                                        serialised it; expires after cache.maxAge
 
 Another ``key_prefix`` keeps several fleets apart on one Redis. Every read-modify-write is one
 Lua script, so it is atomic: two proxies can never both take a window, and a block is never
@@ -248,6 +250,20 @@ class RedisFleet:
             return None
         until = float(answer)
         return until if until > time.time() else None
+
+    async def keep(self, host: str, key: str, answer: bytes, ttl: float) -> None:
+        expiry = max(1, math.ceil(ttl * 1000))
+        await self._call(
+            f"kept answer of {host}",
+            self._redis.set(self._key(host, "kept", key), answer, px=expiry),
+        )
+
+    async def kept(self, host: str, keys: list[str]) -> list[bytes | None]:
+        names = [self._key(host, "kept", key) for key in keys]
+        found: list[bytes | None] = await self._call(
+            f"kept answers of {host}", self._redis.mget(names)
+        )
+        return found
 
     async def size(self) -> int:
         count = await self._call("fleet size", self._size(keys=[self._fleet_key], args=[self.name]))

@@ -17,6 +17,8 @@ switch: requests wait in the scheduler either way, and only who may use a window
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import logging
 import zlib
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from kuikproxy.core.scheduler import HostScheduler, Operation
 from kuikproxy.core.windows import Series
 from kuikproxy.fleet.backend import FleetBackend, FleetUnavailable
+from kuikproxy.runtime.messages import Answer, RegistryRequest
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +116,56 @@ class FleetLink:
         except FleetUnavailable as error:
             self._down(error)
 
+    # -- kept answers (R1 across the fleet; R5 travels with the key) ---------------------------
+
+    async def share(self, host: str, image_key: str, answer: Answer, ttl: float) -> None:
+        """An answer this proxy keeps, kept for the fleet too."""
+        kept = answer.kept()
+        payload = {
+            "status": kept.status,
+            "headers": kept.headers,
+            "body": base64.b64encode(kept.body).decode(),
+            "method": kept.method,
+            "readAt": kept.read_at + self.offset,
+            "auth": kept.auth,
+        }
+        key = _kept_key(image_key, kept.method, kept.auth)
+        try:
+            await self.backend.keep(host, key, json.dumps(payload).encode(), ttl)
+        except FleetUnavailable as error:
+            self._down(error)
+
+    async def find(self, request: RegistryRequest) -> list[Answer]:
+        """The answers the fleet keeps that may serve ``request`` (the same look-ups as
+        :meth:`KeptAnswers.find`: a GET's for a HEAD too, shared ones and the client's own)."""
+        methods = ("GET", "HEAD") if request.method == "HEAD" else ("GET",)
+        auths = (None,) if request.auth is None else (None, request.auth)
+        keys = [_kept_key(request.image.key, m, a) for m in methods for a in auths]
+        try:
+            payloads = await self.backend.kept(request.host, keys)
+        except FleetUnavailable as error:
+            self._down(error)
+            return []
+        answers = []
+        for payload in payloads:
+            if payload is None:
+                continue
+            try:
+                kept = json.loads(payload)
+                answers.append(
+                    Answer(
+                        int(kept["status"]),
+                        tuple((str(k), str(v)) for k, v in kept["headers"]),
+                        base64.b64decode(kept["body"]),
+                        str(kept["method"]),
+                        float(kept["readAt"]) - self.offset,
+                        kept["auth"],
+                    )
+                )
+            except (ValueError, KeyError, TypeError):  # another version's, or damaged: unused
+                log.debug("fleet: an unreadable kept answer of %s ignored", request.host)
+        return answers
+
     async def _refresh_size(self) -> None:
         now = self.loop.time()
         if now - self._sized >= SIZE_EVERY:
@@ -135,3 +188,7 @@ class FleetLink:
 
     def view(self) -> FleetView:
         return FleetView(self.backend.name, self.connected, self.size, self.since, self.error)
+
+
+def _kept_key(image_key: str, method: str, auth: str | None) -> str:
+    return f"{image_key}|{method}|{auth or '-'}"

@@ -320,14 +320,16 @@ class _Host:
                 return
             if self.pacer.durable is not None:  # P13: the turn that took it is on disk first
                 await self.pacer.durable.flush()
-            answer = await self.fetch(request, read.at, timeout)
+            answer = await self.fleet_answer(request)
+            if answer is None:
+                answer = await self.fetch(request, read.at, timeout)
         except RegistryError as error:
             served = group
             self.resolve(served, error)
         else:
             kept = is_kept_status(answer.status)
             if kept:
-                self.pacer.kept.keep(self.name, read.image.key, answer)
+                self.keep(read.image.key, answer)
                 digest = answer.header("docker-content-digest")
             # a 429 is the registry saying stop, not an answer about the image: its block is in
             # force (upstream_answered) and the requests keep waiting through it (§11)
@@ -372,12 +374,30 @@ class _Host:
             self.resolve(group, error)
             return group
         if is_kept_status(answer.status):
-            self.pacer.kept.keep(self.name, read.image.key, answer)
+            self.keep(read.image.key, answer)
         # on a 429 nobody is served: each request of the copy goes itself, and its quota wait
         # (Pacer.spend) holds it until the block is over (§11)
         served = [] if answer.status == 429 else self.served_by(answer, group)
         self.resolve(served, answer)
         return served
+
+    async def fleet_answer(self, request: RegistryRequest) -> Answer | None:
+        """An answer another proxy of the fleet read within ``cache.maxAge`` that serves
+        ``request``: this window's read is then made without the registry (R1, fleet-wide)."""
+        fleet = self.fleet
+        if fleet is None:
+            return None
+        oldest = self.pacer.loop.time() - self.pacer.config.cache.max_age
+        fresh = [a for a in await fleet.find(request) if a.read_at >= oldest and a.serves(request)]
+        return max(fresh, key=lambda answer: answer.read_at, default=None)
+
+    def keep(self, image_key: str, answer: Answer) -> None:
+        """Keep an answer (R1), for the fleet too when the host is shared."""
+        self.pacer.kept.keep(self.name, image_key, answer)
+        fleet = self.fleet
+        if fleet is not None:
+            ttl = self.pacer.config.cache.max_age
+            self.pacer.spawn(fleet.share(self.name, image_key, answer, ttl))
 
     def served_by(self, answer: Answer, group: list[Ticket]) -> list[Ticket]:
         """The tickets still waiting that this answer serves (R2 with R3); clients may have
@@ -580,6 +600,16 @@ class Pacer:
     @property
     def hosts(self) -> dict[str, HostScheduler]:
         return {name: h.scheduler for name, h in sorted(self._hosts.items())}
+
+    async def from_fleet(self, request: RegistryRequest) -> None:
+        """Before a check is admitted: when no answer kept here may serve it, the answers the
+        fleet keeps are kept here too, so that an image another proxy read serves this one's
+        resources as R1 says (read once per lap for the whole fleet)."""
+        fleet = self._host(request.host).fleet
+        if fleet is None or self.kept.find(request) is not None:
+            return
+        for answer in await fleet.find(request):
+            self.kept.keep(request.host, request.image.key, answer)
 
     def admit(self, request: RegistryRequest) -> Admitted:
         """Answer a paced read at once (a kept answer, or go without a window), or return what

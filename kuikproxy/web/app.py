@@ -118,6 +118,8 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
             if read.gate.paced_exempt and read.flow.exempt:
                 response, cache = await exempt(request, read, settings, ns)
                 return response
+            if pacer.fleet is not None and read.operation is Operation.CHECK:
+                await pacer.from_fleet(read)
             outcome = pacer.admit(read)
             if isinstance(outcome, Answer):
                 cache = "hit"

@@ -124,3 +124,30 @@ def test_two_proxies_with_work_always_due_share_the_windows(
     assert 20 <= first <= 30, first  # at least 40 % each
     gaps = [b.started - a.started for a, b in itertools.pairwise(rows)]
     assert min(gaps) >= INTERVAL - TOLERANCE
+
+
+def test_an_image_every_proxy_asks_for_is_read_once_for_the_fleet(
+    registry: DistributionRegistry, redis: RedisServer, tmp_path: Path
+) -> None:
+    """Three proxies, a resource on each asking for five images of its own and the same five
+    shared ones: every request is answered, each image is read once for the whole fleet (the
+    answer one proxy read serves the others' resources, R1), one read per interval at most."""
+    prefix = f"shared-{time.time_ns()}"
+    with proxies(3, registry, redis, tmp_path) as fleet:
+        since = time.time()
+        with concurrent.futures.ThreadPoolExecutor(30) as pool:
+            answers = [
+                pool.submit(ask, proxy, repository, f"t{i}")
+                for n, proxy in enumerate(fleet)
+                for repository in (f"{prefix}/p{n}", f"{prefix}/common")
+                for i in range(5)
+            ]
+            statuses = [answer.result(timeout=90) for answer in answers]
+    assert statuses == [404] * 30
+    rows = reads(registry, prefix, since)
+    assert sorted(r.path for r in rows) == sorted(
+        f"/v2/{prefix}/{who}/manifests/t{i}"
+        for who in ("p0", "p1", "p2", "common")
+        for i in range(5)
+    )
+    assert min(b.started - a.started for a, b in itertools.pairwise(rows)) >= INTERVAL - TOLERANCE

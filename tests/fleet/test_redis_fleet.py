@@ -178,6 +178,16 @@ async def test_blocks_are_the_fleets_never_shorten_and_end(fleet: FleetFactory) 
 # -- size -----------------------------------------------------------------------------------
 
 
+async def test_kept_answers_are_the_fleets_until_their_time_is_up(fleet: FleetFactory) -> None:
+    """What one proxy keeps, another finds, by key, until the ``ttl`` it was kept for."""
+    a, b = await fleet("a"), await fleet("b")
+    await a.keep("reg.test", "app:v1|GET|-", b"answer", 0.3)
+    assert await b.kept("reg.test", ["app:v1|GET|-", "app:v1|HEAD|-"]) == [b"answer", None]
+    assert await b.kept("other.test", ["app:v1|GET|-"]) == [None]
+    await asyncio.sleep(0.4)
+    assert await b.kept("reg.test", ["app:v1|GET|-"]) == [None]
+
+
 async def test_size_counts_the_proxies_seen_within_a_minute(
     redis_server: RedisServer, fleet: FleetFactory
 ) -> None:

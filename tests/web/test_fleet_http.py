@@ -164,3 +164,22 @@ async def test_without_the_fleets_store_each_proxy_paces_alone_on_its_share(
     assert min(gaps([s.at for s in fake.reads()])) >= INTERVAL - JITTER
     assert (await (await first.get("/status")).json())["fleet"]["connected"] is True
     assert first.server.app[PACER].held() == 0
+
+
+async def test_an_image_read_by_one_proxy_serves_the_others_resources(
+    fleet: Start, registry: tuple[Registry, TestServer]
+) -> None:
+    """Three proxies, a resource on each asking for the same ten images at once: the registry
+    reads each image once for the whole fleet (R1, R2 across proxies), every request is
+    answered, and a later request on any proxy is served from what the fleet keeps."""
+    fake, _ = registry
+    proxies = await fleet(3)
+    refs = [f"s{i}" for i in range(10)]
+    responses = await asyncio.gather(
+        *(head(client, ref, f"r{n}") for n, client in enumerate(proxies) for ref in refs)
+    )
+    assert {r.status for r in responses} == {200}
+    assert sorted(s.path.rsplit("/", 1)[1] for s in fake.reads()) == refs
+    again = await head(proxies[2], "s3", "someone-else")
+    assert again.status == 200
+    assert len(fake.reads()) == 10
