@@ -13,19 +13,23 @@ something due.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import itertools
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from tests.e2e.conftest import REGISTRY, require
 from tests.e2e.peers import DistributionRegistry, Kuikproxy, http, registry_block
 from tests.fleet.conftest import RedisServer
+from tests.upstream_app import Registry
 
 pytestmark = pytest.mark.e2e
 
@@ -35,8 +39,10 @@ TOLERANCE = 0.02  # the registry stamps a read when it arrives, a little after i
 
 @contextlib.contextmanager
 def proxies(
-    count: int, registry: DistributionRegistry, redis: RedisServer, workdir: Path
+    count: int, registry: DistributionRegistry | str, redis: RedisServer, workdir: Path
 ) -> Iterator[list[Kuikproxy]]:
+    """``count`` proxies of one fleet before ``registry`` (a launched one, or a URL)."""
+    upstream = registry if isinstance(registry, str) else registry.url
     with contextlib.ExitStack() as stack:
         fleet = []
         for n in range(count):
@@ -44,7 +50,7 @@ def proxies(
                 "defaultRegistry": REGISTRY,
                 "allowedHosts": [],
                 "fleet": {"redis": {"url": redis.url}, "name": f"p{n}"},
-                "registries": {REGISTRY: registry_block(registry.url)},
+                "registries": {REGISTRY: registry_block(upstream)},
             }
             fleet.append(stack.enter_context(Kuikproxy(workdir / f"p{n}", config)))
         yield fleet
@@ -151,3 +157,78 @@ def test_an_image_every_proxy_asks_for_is_read_once_for_the_fleet(
         for i in range(5)
     )
     assert min(b.started - a.started for a, b in itertools.pairwise(rows)) >= INTERVAL - TOLERANCE
+
+
+class ThreadedRegistry:
+    """The suite's recording registry app (``tests/upstream_app.py``), served on loopback from
+    a thread of this process: a registry whose answers a test can script (a 429 for a path)."""
+
+    def __init__(self) -> None:
+        self.fake = Registry()
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        runner = web.AppRunner(self.fake.app())
+        self._loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        self._loop.run_until_complete(site.start())
+        self.port = runner.addresses[0][1]
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(runner.cleanup())
+        self._loop.close()
+
+    def __enter__(self) -> ThreadedRegistry:
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def test_a_429_one_proxy_sees_blocks_the_host_for_all_and_a_restart_gets_no_early_window(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """The registry answers one proxy's read 429 with ``Retry-After: 3``: nothing reaches it
+    from any of the three proxies until then, and every request waiting is answered after.
+    Then one proxy is killed (SIGKILL) and started again: the fleet's reads stay one per
+    interval at most across the restart."""
+    with ThreadedRegistry() as upstream:
+        fake = upstream.fake
+        fake.fail["/v2/app/manifests/stop"], fake.retry_after = 429, "3"
+        url = f"http://127.0.0.1:{upstream.port}"
+        with (
+            proxies(3, url, redis, tmp_path) as fleet,
+            concurrent.futures.ThreadPoolExecutor(30) as pool,
+        ):
+            stopped = pool.submit(ask, fleet[0], "app", "stop")
+            deadline = time.monotonic() + 10
+            while not fake.reads():
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            (refused,) = fake.reads()
+            fake.fail.clear()
+            waiting = [pool.submit(ask, proxy, "app", f"w{n}") for n, proxy in enumerate(fleet)]
+            assert [w.result(timeout=30) for w in waiting] == [200] * 3
+            assert stopped.result(timeout=30) == 200
+            after = [s.at for s in fake.reads()[1:]]
+            assert min(after) >= refused.at + 3 - TOLERANCE, (refused.at, after)
+
+            killed = fleet[1]
+            assert killed._process is not None
+            killed._process.kill()
+            killed._process.wait(10)
+            killed._process = None
+            more = [pool.submit(ask, proxy, "app", f"m{n}-{i}")
+                    for n, proxy in enumerate((fleet[0], fleet[2])) for i in range(5)]  # fmt: skip
+            killed.start()
+            more += [pool.submit(ask, killed, "app", f"k{i}") for i in range(5)]
+            assert [m.result(timeout=60) for m in more] == [200] * 15
+        times = sorted(s.at for s in fake.reads())
+    assert min(b - a for a, b in itertools.pairwise(times)) >= INTERVAL - TOLERANCE
