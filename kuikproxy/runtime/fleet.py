@@ -21,9 +21,10 @@ import base64
 import json
 import logging
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from kuikproxy.core.scheduler import HostScheduler, Operation
+from kuikproxy.core.scheduler import Operation
 from kuikproxy.core.windows import Series
 from kuikproxy.fleet.backend import FleetBackend, FleetUnavailable
 from kuikproxy.runtime.messages import Answer, RegistryRequest
@@ -87,15 +88,15 @@ class FleetLink:
         operation: Operation,
         window: int,
         interval: float,
-        scheduler: HostScheduler,
+        block: Callable[[float], None],
     ) -> bool:
         """Whether this proxy may use window ``window`` of ``host``'s series, which it has
-        something due for. A block the fleet knows of is put on the scheduler first (the window
-        is then this proxy's to count ``blocked``)."""
+        something due for. A block the fleet knows of is put on the host first (``block``, in
+        loop time; the window is then this proxy's to count ``blocked``)."""
         try:
             until = await self.backend.blocked_until(host)
             if until is not None and until > self.loop.time() + self.offset:
-                scheduler.block(until - self.offset)
+                block(until - self.offset)
                 return True
             won = await self.backend.claim(host, operation.value, window, interval)
             await self._refresh_size()

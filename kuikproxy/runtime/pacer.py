@@ -202,7 +202,7 @@ class _Host:
             await fleet.align(self.name, operation, series)
             self.arm(operation)
             return
-        mine = await fleet.may_use(self.name, operation, index, series.interval, self.scheduler)
+        mine = await fleet.may_use(self.name, operation, index, series.interval, self.block)
         if series.fired >= index or self.pacer.hosts.get(self.name) is not self.scheduler:
             return  # a later window fired meanwhile, or the host is gone (a reload)
         now = self.pacer.loop.time()
@@ -391,6 +391,12 @@ class _Host:
         fresh = [a for a in await fleet.find(request) if a.read_at >= oldest and a.serves(request)]
         return max(fresh, key=lambda answer: answer.read_at, default=None)
 
+    def block(self, until: float) -> None:
+        """A block learnt from elsewhere (the state file, the fleet): its windows are lost and
+        its quota lets nothing go until ``until`` (loop time), as if this proxy had seen it."""
+        self.scheduler.block(until)
+        self.quota.block(until, now=self.pacer.loop.time())
+
     def keep(self, image_key: str, answer: Answer) -> None:
         """Keep an answer (R1), for the fleet too when the host is shared."""
         self.pacer.kept.keep(self.name, image_key, answer)
@@ -569,8 +575,7 @@ class Pacer:
         for resource, state in rings.items():
             runtime.scheduler.restore(resource, state)
         if blocked_until is not None:
-            runtime.scheduler.block(blocked_until)
-            runtime.quota.block(blocked_until, now=self.loop.time())
+            runtime.block(blocked_until)
 
     def reconfigure(self, config: Config) -> None:
         """Apply a valid new config in place (P12, §7.2). Hosts still paced take their new
