@@ -203,7 +203,7 @@ class _Host:
             self.arm(operation)
             return
         mine = await fleet.may_use(self.name, operation, index, series.interval, self.block)
-        if series.fired >= index or self.pacer.hosts.get(self.name) is not self.scheduler:
+        if series.fired >= index or self.pacer._hosts.get(self.name) is not self:
             return  # a later window fired meanwhile, or the host is gone (a reload)
         now = self.pacer.loop.time()
         if mine:
