@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from kuikproxy.core.quota import SharedBucket
 from kuikproxy.errors import KuikProxyError
 
 
@@ -53,6 +54,12 @@ class FleetBackend(Protocol):
 
     async def kept(self, host: str, keys: list[str]) -> list[bytes | None]:
         """The answers the fleet keeps under each of ``keys`` of ``host`` (None: none)."""
+        ...
+
+    async def take(self, host: str, buckets: list[SharedBucket]) -> float:
+        """Take a token from each of ``host``'s shared ``buckets`` (all or none) and return 0;
+        or take none and return the seconds until all would have one. A bucket not seen before
+        is full."""
         ...
 
     async def size(self) -> int:

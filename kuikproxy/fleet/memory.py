@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kuikproxy.core.quota import SharedBucket, take_shared
 from kuikproxy.fleet.backend import FleetUnavailable
 
 Series = tuple[str, str]  # (host, "check" | "copy")
@@ -30,6 +31,7 @@ class FleetState:
     blocks: dict[str, float] = field(default_factory=dict)
     seen: dict[str, float] = field(default_factory=dict)  # name → last heard of
     answers: dict[tuple[str, str], tuple[bytes, float]] = field(default_factory=dict)  # → expiry
+    buckets: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)  # per host
 
 
 class MemoryFleet:
@@ -93,6 +95,9 @@ class MemoryFleet:
             found = self.state.answers.get((host, key))
             out.append(None if found is None or found[1] <= now else found[0])
         return out
+
+    async def take(self, host: str, buckets: list[SharedBucket]) -> float:
+        return take_shared(buckets, self.state.buckets.setdefault(host, {}), self._now())
 
     async def size(self) -> int:
         now = self._now()

@@ -16,6 +16,8 @@ Key layout, with the default ``key_prefix`` ``kuikproxy:``, ``<series>`` ``check
                                                         expires at that end
     kuikproxy:{<host>}:kept:<key>           string      a kept answer (R1), as the runtime
                                                         serialised it; expires after cache.maxAge
+    kuikproxy:{<host>}:bucket:<key>         hash        a shared quota bucket: level, at (ms,
+                                                        Redis' clock); expires once it is full
 
 Another ``key_prefix`` keeps several fleets apart on one Redis. Every read-modify-write is one
 Lua script, so it is atomic: two proxies can never both take a window, and a block is never
@@ -46,6 +48,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
+from kuikproxy.core.quota import SharedBucket
 from kuikproxy.fleet.backend import FleetBackend, FleetUnavailable
 
 log = logging.getLogger(__name__)
@@ -129,6 +132,43 @@ return ARGV[1]
 """
 
 
+# Token buckets shared by the fleet (SPEC §11 across proxies): KEYS the buckets, ARGV pairs of
+# (tokens per second, burst). All or none: every bucket must hold a token, else none is taken
+# and the wait until all would is returned (seconds, as a string: Lua numbers are truncated to
+# integers on the way out). Redis' clock refills them. A bucket is a hash (level, at ms) kept
+# until it would be full again.
+_TAKE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local levels = {}
+local wait = 0
+for i, key in ipairs(KEYS) do
+  local rate = tonumber(ARGV[2 * i - 1])
+  local burst = tonumber(ARGV[2 * i])
+  local saved = redis.call('HMGET', key, 'level', 'at')
+  local level = burst
+  if saved[1] then
+    local elapsed = math.max(0, now - tonumber(saved[2]))
+    level = math.min(burst, tonumber(saved[1]) + elapsed * rate / 1000)
+  end
+  levels[i] = level
+  if level < 1 then
+    wait = math.max(wait, (1 - level) / rate)
+  end
+end
+if wait > 0 then
+  return tostring(wait)
+end
+for i, key in ipairs(KEYS) do
+  local rate = tonumber(ARGV[2 * i - 1])
+  local burst = tonumber(ARGV[2 * i])
+  redis.call('HSET', key, 'level', tostring(levels[i] - 1), 'at', now)
+  redis.call('PEXPIRE', key, math.ceil((burst - levels[i] + 1) / rate * 1000) + 1000)
+end
+return '0'
+"""
+
+
 def _ms(interval: float) -> str:
     """An interval as the fleet compares it: whole milliseconds, the same text for every
     proxy (``10.0`` and ``10`` are one interval)."""
@@ -149,6 +189,7 @@ class RedisFleet:
         self._claim = client.register_script(_CLAIM)
         self._size = client.register_script(_SIZE)
         self._block = client.register_script(_BLOCK)
+        self._take = client.register_script(_TAKE)
         # the origin this proxy was given per (host, series), checked by every claim
         self._origins: dict[tuple[str, str], str] = {}
         self._heartbeat: asyncio.Task[None] | None = None
@@ -264,6 +305,18 @@ class RedisFleet:
             f"kept answers of {host}", self._redis.mget(names)
         )
         return found
+
+    async def take(self, host: str, buckets: list[SharedBucket]) -> float:
+        if not buckets:
+            return 0.0
+        args: list[str] = []
+        for bucket in buckets:
+            args += [repr(bucket.rate), repr(bucket.burst)]
+        answer = await self._call(
+            f"quota of {host}",
+            self._take(keys=[self._key(host, "bucket", b.key) for b in buckets], args=args),
+        )
+        return float(answer)
 
     async def size(self) -> int:
         count = await self._call("fleet size", self._size(keys=[self._fleet_key], args=[self.name]))

@@ -24,6 +24,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kuikproxy.core.quota import SharedBucket, take_shared
 from kuikproxy.core.scheduler import Operation
 from kuikproxy.core.windows import Series
 from kuikproxy.fleet.backend import FleetBackend, FleetUnavailable
@@ -64,6 +65,9 @@ class FleetLink:
         # lost, so that every series takes the grid again when it is back (the store may have
         # restarted empty, and claims are only the fleet's on its grid)
         self._aligned: set[tuple[str, str, float]] = set()
+        # alone, the share of the fleet's buckets this proxy may use: (host, fleet size) →
+        # bucket key → (tokens, loop time)
+        self._alone: dict[tuple[str, int], dict[str, tuple[float, float]]] = {}
 
     def aligned(self, host: str, operation: Operation, series: Series) -> bool:
         return (host, operation.value, series.interval) in self._aligned
@@ -116,6 +120,23 @@ class FleetLink:
             await self.backend.block(host, until + self.offset)
         except FleetUnavailable as error:
             self._down(error)
+
+    # -- quota buckets -------------------------------------------------------------------------
+
+    async def take(self, host: str, buckets: list[SharedBucket]) -> float:
+        """A token from each of the fleet's ``buckets`` of ``host`` (0.0), or the seconds until
+        all would have one. Alone, this proxy's share of them: their rates over the fleet's
+        size, from its own buckets (so the registry never sees more than the budget)."""
+        try:
+            wait = await self.backend.take(host, buckets)
+            await self._refresh_size()
+        except FleetUnavailable as error:
+            self._down(error)
+            share = [bucket.scaled(1 / self.size) for bucket in buckets]
+            alone = self._alone.setdefault((host, self.size), {})
+            return take_shared(share, alone, self.loop.time())
+        self._up()
+        return wait
 
     # -- kept answers (R1 across the fleet; R5 travels with the key) ---------------------------
 

@@ -663,10 +663,19 @@ class Pacer:
         host = self._host(name)
         own = self.registries.has_credentials(name)
         identity = identity_of(authorization, own_credential=own)
+        fleet = host.fleet
+        shared = [] if fleet is None else host.quota.buckets.fixed(categories, identity)
         # not a poll: each wait is exactly the time until every bucket has a token (or the
         # block ends), and the take after it succeeds unless another request took them first
-        while (wait := host.quota.take(categories, identity, self.loop.time())) > 0:  # noqa: ASYNC110
-            await asyncio.sleep(wait)
+        while True:
+            quota = host.quota
+            wait = quota.wait(categories, identity, self.loop.time())
+            if wait <= 0 and fleet is not None and shared:
+                # a fleet's buckets are the fleet's (issue 8): its store's first, then ours
+                wait = await fleet.take(name, shared)
+            if wait <= 0 and quota.take(categories, identity, self.loop.time()) <= 0:
+                return
+            await asyncio.sleep(max(wait, 0.001))
 
     def blocked_until(self, host: str, now: float) -> float | None:
         """The end of the block the host is under at ``now``, if any (§11)."""

@@ -14,9 +14,11 @@ from kuikproxy.core.quota import (
     HostQuota,
     Route,
     Scope,
+    SharedBucket,
     TokenBucket,
     categories_of,
     default_burst,
+    take_shared,
 )
 
 READ, REFS = Category.DATAPLANE_READ, Category.LIST_REFERRERS
@@ -160,3 +162,17 @@ def test_many_identities_stay_bounded() -> None:
         assert buckets.take([READ], f"id{n}", n * 0.001) == 0.0
         assert len(buckets) <= 50
     assert len(buckets._full) <= 2 * 50 + 64 + 1
+
+
+def test_shared_buckets_take_all_or_none_and_refill() -> None:
+    """A fleet's buckets (issue 8) follow the same rule as a proxy's own: one token from each
+    or none, the wait until all would have one, refilled at their rate up to their burst."""
+    reads = SharedBucket("DataplaneRead/registry", rate=0.1, burst=2)
+    mine = SharedBucket("DataplaneRead/identity/alice", rate=0.1, burst=1)
+    saved: dict[str, tuple[float, float]] = {}
+    assert take_shared([reads, mine], saved, 0.0) == 0.0
+    assert take_shared([reads, mine], saved, 1.0) == pytest.approx(9.0)  # alice: 9 s more
+    assert saved["DataplaneRead/registry"] == (1.0, 0.0)  # nothing taken by the refusal
+    assert take_shared([reads], saved, 1.0) == 0.0  # another identity: the registry's token
+    assert take_shared([reads, mine], saved, 10.0) == pytest.approx(0.0)
+    assert take_shared([reads.scaled(0.5)], {}, 0.0) == 0.0

@@ -17,6 +17,7 @@ import pytest
 import redis.asyncio
 from cryptography.hazmat.primitives import serialization
 
+from kuikproxy.core.quota import SharedBucket
 from kuikproxy.fleet import redis as redis_fleet
 from kuikproxy.fleet.backend import FleetUnavailable
 from kuikproxy.fleet.redis import RedisFleet
@@ -186,6 +187,22 @@ async def test_kept_answers_are_the_fleets_until_their_time_is_up(fleet: FleetFa
     assert await b.kept("other.test", ["app:v1|GET|-"]) == [None]
     await asyncio.sleep(0.4)
     assert await b.kept("reg.test", ["app:v1|GET|-"]) == [None]
+
+
+async def test_quota_buckets_are_the_fleets_all_or_none(fleet: FleetFactory) -> None:
+    """Two proxies take from one bucket of 10 tokens a second (burst 2): the third token in a
+    row waits about 0.1 s, for whoever asks; a refused take takes nothing from any bucket."""
+    a, b = await fleet("a"), await fleet("b")
+    reads = SharedBucket("DataplaneRead/registry", rate=10.0, burst=2.0)
+    mine = SharedBucket("DataplaneRead/identity/alice", rate=10.0, burst=1.0)
+    assert await a.take("reg.test", [reads, mine]) == 0.0
+    assert await b.take("reg.test", [reads]) == 0.0
+    wait = await b.take("reg.test", [reads])
+    assert 0.0 < wait <= 0.1
+    refused = await a.take("reg.test", [reads, mine])
+    assert 0.0 < refused <= 0.1
+    await asyncio.sleep(0.15)
+    assert await a.take("reg.test", [reads, mine]) == 0.0
 
 
 async def test_size_counts_the_proxies_seen_within_a_minute(

@@ -36,17 +36,18 @@ def fleet(
     registry: tuple[Registry, TestServer],
     aiohttp_client: Callable[..., Awaitable[Client]],
 ) -> Start:
-    """``fleet(n)``: n proxies of one fleet; ``fleet(n, state)`` on a given shared state."""
+    """``fleet(n)``: n proxies of one fleet; ``fleet(n, state)`` on a given shared state,
+    ``fleet(n, state, host)`` with more YAML for the host's block."""
     _, server = registry
 
-    async def start(count: int, state: FleetState | None = None) -> list[Client]:
+    async def start(count: int, state: FleetState | None = None, host: str = "") -> list[Client]:
         state = state or FleetState(clock=asyncio.get_running_loop().time)
         clients = []
         for n in range(count):
             config = parse_config(
                 f"fleet: {{redis: {{url: 'redis://127.0.0.1:1'}}, name: p{n}}}\n"
                 f"registries:\n  {HOST}:\n    upstream: http://127.0.0.1:{server.port}\n"
-                f"    check: {{interval: {INTERVAL * 1000:g}ms}}\n"
+                f"    check: {{interval: {INTERVAL * 1000:g}ms}}\n{host}"
             )
             app = build_app(config, fleet=MemoryFleet(state, f"p{n}"))
             clients.append(await aiohttp_client(app, server_kwargs={"handler_cancellation": True}))
@@ -183,3 +184,30 @@ async def test_an_image_read_by_one_proxy_serves_the_others_resources(
     again = await head(proxies[2], "s3", "someone-else")
     assert again.status == 200
     assert len(fake.reads()) == 10
+
+
+async def test_a_quota_bucket_is_the_fleets(
+    fleet: Start, registry: tuple[Registry, TestServer]
+) -> None:
+    """A host rationed at 6 reads a minute (burst 1), shared: one proxy's read takes the
+    fleet's token, and the other's waits the 10 s until the bucket has one again — and while
+    the store is down each proxy has half the rate (20 s a token)."""
+    fake, _ = registry
+    state = FleetState(clock=asyncio.get_running_loop().time)
+    quota = (
+        "    paced: false\n    quota:\n      buckets:\n"
+        "        - {category: DataplaneRead, scope: registry, ratePerMinute: 6, burst: 1}\n"
+    )
+    first, second = await fleet(2, state, quota)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    assert (await head(first, "a", "r0")).status == 200
+    assert (await head(second, "b", "r1")).status == 200
+    assert (await head(first, "c", "r0")).status == 200
+    times = [round(s.at - t0, 1) for s in fake.reads()]
+    assert times == [0.0, 10.0, 20.0]
+    state.up = False
+    assert (await head(first, "d", "r0")).status == 200
+    assert (await head(first, "e", "r0")).status == 200
+    (d, e) = fake.reads()[-2:]
+    assert round(e.at - d.at, 1) == 20.0  # alone, a token every 20 s: half the rate

@@ -50,8 +50,10 @@ from kuikproxy.core.quota.buckets import (
     Buckets,
     BucketSpec,
     BucketView,
+    SharedBucket,
     TokenBucket,
     default_burst,
+    take_shared,
 )
 from kuikproxy.core.quota.categories import Category, Route, Scope, categories_of
 from kuikproxy.core.quota.host import HostQuota, QuotaSnapshot
@@ -87,6 +89,7 @@ __all__ = [
     "RateLimit",
     "Route",
     "Scope",
+    "SharedBucket",
     "Throttle",
     "ThrottleView",
     "TokenBucket",
@@ -97,4 +100,5 @@ __all__ = [
     "parse_ratelimit",
     "parse_retry_after",
     "preset",
+    "take_shared",
 ]

@@ -62,6 +62,43 @@ class BucketSpec:
         return self.rate_per_minute is None
 
 
+@dataclass(frozen=True, slots=True)
+class SharedBucket:
+    """A bucket as a fleet's store keeps it: a key, tokens per second, the most it holds."""
+
+    key: str
+    rate: float
+    burst: float
+
+    def scaled(self, share: float) -> SharedBucket:
+        return SharedBucket(self.key, self.rate * share, self.burst)
+
+
+def take_shared(
+    buckets: Iterable[SharedBucket], saved: dict[str, tuple[float, float]], now: float
+) -> float:
+    """A token from every bucket (all or none; ``saved`` maps a key to its level and the time
+    it was at it, a bucket not in it being full): 0.0, or the seconds until all would have one.
+    The rule a fleet's store applies to its shared buckets (issue 8), in Python."""
+    buckets = tuple(buckets)
+    levels = []
+    for bucket in buckets:
+        kept = saved.get(bucket.key)
+        level = bucket.burst
+        if kept is not None:
+            level = min(bucket.burst, kept[0] + max(0.0, now - kept[1]) * bucket.rate)
+        levels.append(level)
+    wait = max(
+        ((1.0 - level) / b.rate for b, level in zip(buckets, levels, strict=True) if level < 1),
+        default=0.0,
+    )
+    if wait > 0:
+        return wait
+    for bucket, level in zip(buckets, levels, strict=True):
+        saved[bucket.key] = (level - 1.0, now)
+    return 0.0
+
+
 class TokenBucket:
     """One bucket. ``rate`` is per second; None (learnt, not yet seen) never refuses."""
 
@@ -176,6 +213,19 @@ class Buckets:
                 if bucket is not None:
                     yield bucket
             # an identity without an entry has full buckets: they never make anyone wait
+
+    def fixed(self, categories: Iterable[Category], identity: str) -> list[SharedBucket]:
+        """The buckets of fixed rate a request counts against, as a fleet shares them (issue
+        8): learnt ones are left out, each proxy follows the registry's own count for those."""
+        out = []
+        for spec in self.specs:
+            if spec.category not in categories or spec.rate_per_minute is None:
+                continue
+            key = f"{spec.category}/{spec.scope}"
+            if spec.scope is Scope.IDENTITY:
+                key += f"/{identity}"
+            out.append(SharedBucket(key, spec.rate_per_minute / 60.0, spec.burst or 1.0))
+        return out
 
     def wait(self, categories: Iterable[Category], identity: str, now: float) -> float:
         """Seconds until every bucket the request counts against has a token; 0.0 now."""
