@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +28,7 @@ from tests.upstream_app import Registry
 
 pytestmark = pytest.mark.looptime
 
+ROOT = Path(__file__).resolve().parents[2]
 INTERVAL = 0.2
 JITTER = 0.01  # the registry stamps a read when it arrives: a few virtual ms after its window
 Client = TestClient[Any, Any]
@@ -211,3 +215,19 @@ async def test_a_quota_bucket_is_the_fleets(
     assert (await head(first, "e", "r0")).status == 200
     (d, e) = fake.reads()[-2:]
     assert round(e.at - d.at, 1) == 20.0  # alone, a token every 20 s: half the rate
+
+
+@pytest.mark.parametrize("fleet_config", ["", "fleet: {redis: {url: 'redis://127.0.0.1:1'}}\n"])
+def test_redis_is_imported_only_by_a_fleets_proxy(fleet_config: str) -> None:
+    """Without ``fleet``, redis-py is never loaded; with it, only when the app starts."""
+    code = (
+        "import sys\n"
+        "from kuikproxy.config import parse_config\n"
+        "from kuikproxy.web.app import build_app\n"
+        f"build_app(parse_config({fleet_config!r}))\n"
+        "print('redis' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert result.stdout.strip() == "False"
