@@ -160,8 +160,8 @@ class _Host:
             self.quota = quota
 
     def series(self, operation: Operation) -> float:
-        s = self.scheduler
-        return (s.check_series if operation is Operation.CHECK else s.copy_series).next_window()
+        """When the series' next window opens."""
+        return self._series(operation).next_window()
 
     def arm(self, operation: Operation) -> None:
         loop = self.pacer.loop
