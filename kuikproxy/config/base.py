@@ -15,6 +15,7 @@ __all__ = [
     "PositiveInt",
     "camel",
     "format_path",
+    "host_patterns",
 ]
 
 
@@ -34,6 +35,16 @@ MODEL_CONFIG = ConfigDict(
 
 Loc = tuple[str | int, ...]
 """A path inside a model: keys and list indexes, e.g. ``("priorityLevels", 3, "name")``."""
+
+
+def host_patterns(value: tuple[str, ...]) -> tuple[str, ...]:
+    """Globs on host names (``allowedHosts``, a flow rule's ``hosts``, ``tunnelHosts``),
+    lowercased as hosts are compared; an empty one or one with a path is an error."""
+    patterns = tuple(pattern.strip().lower() for pattern in value)
+    for pattern in patterns:
+        if not pattern or "/" in pattern:
+            raise ValueError(f'invalid host pattern "{pattern}"')
+    return patterns
 
 
 def format_path(parts: Iterable[str | int]) -> str:

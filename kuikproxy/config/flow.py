@@ -73,6 +73,7 @@ from kuikproxy.config.base import (
     NestedErrors,
     NonNegativeInt,
     PositiveInt,
+    host_patterns,
 )
 from kuikproxy.core.flowcontrol.sharding import MAX_HASH_BITS, required_entropy_bits
 
@@ -359,11 +360,7 @@ class FlowRule:
     def _check_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if not value:
             raise ValueError(_EMPTY_MATCHER)
-        patterns = tuple(pattern.strip().lower() for pattern in value)
-        for pattern in patterns:
-            if not pattern or "/" in pattern:
-                raise ValueError(f'invalid host pattern "{pattern}"')
-        return patterns
+        return host_patterns(value)
 
     def matches(
         self,

@@ -29,7 +29,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator
 from pydantic import model_validator as _model_validator
 from pydantic.dataclasses import dataclass
 
-from kuikproxy.config.base import MODEL_CONFIG, camel
+from kuikproxy.config.base import MODEL_CONFIG, camel, host_patterns
 from kuikproxy.config.flow import FlowControl
 from kuikproxy.config.quotas import QuotaSettings
 from kuikproxy.core.images import DOCKER_HUB, normalize_host
@@ -322,11 +322,7 @@ class ForwardProxySettings:
     @field_validator("tunnel_hosts")
     @classmethod
     def _check_tunnel_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        patterns = tuple(pattern.strip().lower() for pattern in value)
-        for pattern in patterns:
-            if not pattern or "/" in pattern:
-                raise ValueError(f'invalid host pattern "{pattern}"')
-        return patterns
+        return host_patterns(value)
 
     def tunnels(self, authority: str) -> bool:
         """Whether ``CONNECT authority`` (``host:port``) is tunnelled blind."""
@@ -426,11 +422,7 @@ class Config:
     @field_validator("allowed_hosts")
     @classmethod
     def _check_allowed_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        patterns = tuple(pattern.strip().lower() for pattern in value)
-        for pattern in patterns:
-            if not pattern or "/" in pattern:
-                raise ValueError(f'invalid host pattern "{pattern}"')
-        return patterns
+        return host_patterns(value)
 
     @field_validator("host_aliases")
     @classmethod
