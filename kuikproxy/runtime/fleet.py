@@ -28,6 +28,7 @@ from kuikproxy.core.quota import SharedBucket, take_shared
 from kuikproxy.core.scheduler import Operation
 from kuikproxy.core.windows import Series
 from kuikproxy.fleet.backend import FleetBackend, FleetUnavailable
+from kuikproxy.runtime.kept import lookups
 from kuikproxy.runtime.messages import Answer, RegistryRequest
 
 log = logging.getLogger(__name__)
@@ -158,11 +159,9 @@ class FleetLink:
             self._down(error)
 
     async def find(self, request: RegistryRequest) -> list[Answer]:
-        """The answers the fleet keeps that may serve ``request`` (the same look-ups as
-        :meth:`KeptAnswers.find`: a GET's for a HEAD too, shared ones and the client's own)."""
-        methods = ("GET", "HEAD") if request.method == "HEAD" else ("GET",)
-        auths = (None,) if request.auth is None else (None, request.auth)
-        keys = [_kept_key(request.image.key, m, a) for m in methods for a in auths]
+        """The answers the fleet keeps under the keys that may serve ``request`` (the same
+        look-ups as :meth:`KeptAnswers.find`); whether one does is :meth:`Answer.may_serve`."""
+        keys = [_kept_key(request.image.key, m, a) for m, a in lookups(request)]
         try:
             payloads = await self.backend.kept(request.host, keys)
         except FleetUnavailable as error:

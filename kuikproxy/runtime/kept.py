@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kuikproxy.core.reuse import shared_with
 from kuikproxy.runtime.messages import Answer, RegistryRequest
 
 _Key = tuple[str, str, str, str | None]
@@ -54,18 +53,15 @@ class KeptAnswers:
         """The newest kept answer that may serve ``request`` (R3, R5), marked recently used."""
         best: tuple[_Key, Answer] | None = None
         host, image_key = request.host, request.image.key
-        auths = (None,) if request.auth is None else (None, request.auth)
-        for method in ("GET", "HEAD") if request.method == "HEAD" else ("GET",):
-            for auth in auths:
-                key = (host, image_key, method, auth)
-                answer = self._entries.get(key)
-                if (
-                    answer is not None
-                    and shared_with(answer.auth, answer.status, request.auth)
-                    and answer.serves(request)
-                    and (best is None or answer.read_at > best[1].read_at)
-                ):
-                    best = (key, answer)
+        for method, auth in lookups(request):
+            key = (host, image_key, method, auth)
+            answer = self._entries.get(key)
+            if (
+                answer is not None
+                and answer.may_serve(request)
+                and (best is None or answer.read_at > best[1].read_at)
+            ):
+                best = (key, answer)
         if best is None:
             return None
         self._entries.move_to_end(best[0])
@@ -76,3 +72,11 @@ class KeptAnswers:
             self.hits += 1
         else:
             self.misses += 1
+
+
+def lookups(request: RegistryRequest) -> list[tuple[str, str | None]]:
+    """The (method, whose) of the kept answers that may serve ``request``: a GET's serves a
+    HEAD too (R3); shared ones, and the client's own (R5)."""
+    methods = ("GET", "HEAD") if request.method == "HEAD" else ("GET",)
+    auths = (None,) if request.auth is None else (None, request.auth)
+    return [(method, auth) for method in methods for auth in auths]

@@ -15,7 +15,7 @@ from yarl import URL
 
 from kuikproxy.config import Operation as FlowOperation
 from kuikproxy.core.images import Image
-from kuikproxy.core.reuse import accept_admits, method_serves
+from kuikproxy.core.reuse import accept_admits, method_serves, shared_with
 from kuikproxy.core.scheduler import Operation
 from kuikproxy.runtime.flow import Flow, FlowGate
 from kuikproxy.upstream.client import end_to_end
@@ -114,6 +114,11 @@ class Answer:
         if not method_serves(self.method, request.method):
             return False
         return self.status != 200 or accept_admits(request.accept, self.content_type)
+
+    def may_serve(self, request: RegistryRequest) -> bool:
+        """Whether this kept answer (here or the fleet's) may answer ``request``: R5, whose it
+        is, then R3."""
+        return shared_with(self.auth, self.status, request.auth) and self.serves(request)
 
     @property
     def size(self) -> int:

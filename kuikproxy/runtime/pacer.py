@@ -388,7 +388,8 @@ class _Host:
         if fleet is None:
             return None
         oldest = self.pacer.loop.time() - self.pacer.config.cache.max_age
-        fresh = [a for a in await fleet.find(request) if a.read_at >= oldest and a.serves(request)]
+        found = await fleet.find(request)
+        fresh = [a for a in found if a.read_at >= oldest and a.may_serve(request)]
         return max(fresh, key=lambda answer: answer.read_at, default=None)
 
     def block(self, until: float) -> None:

@@ -231,3 +231,20 @@ def test_redis_is_imported_only_by_a_fleets_proxy(fleet_config: str) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert result.stdout.strip() == "False"
+
+
+async def test_r5_a_shared_refusal_read_by_one_proxy_is_not_given_to_a_client_with_credentials(
+    fleet: Start, registry: tuple[Registry, TestServer]
+) -> None:
+    """R5 across the fleet: a 404 one proxy read anonymously serves anonymous clients of the
+    others, but a client that brings its own credentials is read for, as on one proxy."""
+    fake, _ = registry
+    fake.fail["/v2/app/manifests/gone"] = 404
+    first, second = await fleet(2)
+    assert (await head(first, "gone", "r0")).status == 404
+    assert (await head(second, "gone", "r1")).status == 404
+    assert len(fake.reads()) == 1  # shared with the anonymous client of the other proxy
+    signed = await head(second, "gone", "r2", Authorization="Basic YWxpY2U6cHc=")
+    assert signed.status == 404
+    assert len(fake.reads()) == 2  # its own read, with its own credentials
+    assert fake.reads()[1].headers["authorization"] == ["Basic YWxpY2U6cHc="]
