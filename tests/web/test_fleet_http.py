@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -39,13 +40,20 @@ Start = Callable[..., Awaitable[list[Client]]]
 def fleet(
     registry: tuple[Registry, TestServer],
     aiohttp_client: Callable[..., Awaitable[Client]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Start:
     """``fleet(n)``: n proxies of one fleet; ``fleet(n, state)`` on a given shared state,
-    ``fleet(n, state, host)`` with more YAML for the host's block."""
+    ``fleet(n, state, host)`` with more YAML for the host's block.
+
+    The wall clock is made to run with the loop's virtual one, as it does with a real loop:
+    each proxy converts the fleet's wall times with its own offset, and real milliseconds
+    spent starting the next proxy would otherwise shift its grid from the first one's."""
     _, server = registry
 
     async def start(count: int, state: FleetState | None = None, host: str = "") -> list[Client]:
-        state = state or FleetState(clock=asyncio.get_running_loop().time)
+        loop = asyncio.get_running_loop()
+        monkeypatch.setattr(time, "time", lambda: 1.8e9 + loop.time())
+        state = state or FleetState(clock=loop.time)
         clients = []
         for n in range(count):
             config = parse_config(
