@@ -6,9 +6,10 @@
     ├── ConfigError                  an invalid config file (every error, with its path)
     ├── StateError                   a state file (``state.path``) that cannot be used safely
     └── RegistryError                an error a client receives as an OCI error body (SPEC §12)
-        ├── NameInvalid              400 NAME_INVALID      malformed repository name
+        ├── NameInvalid              400 NAME_INVALID      a write's malformed path
         ├── DigestInvalid            400 DIGEST_INVALID    malformed digest
-        ├── ManifestInvalid          400 MANIFEST_INVALID  malformed tag or reference
+        ├── NameUnknown              404 NAME_UNKNOWN      a read of a malformed repository name
+        ├── ManifestUnknown          404 MANIFEST_UNKNOWN  a read of a malformed tag
         ├── Denied                   403 DENIED            host not allowed
         ├── NotFound                 404 NOT_FOUND         route kuikproxy does not serve
         ├── Unsupported              405 UNSUPPORTED       writes, unknown methods
@@ -17,6 +18,7 @@
         ├── Unavailable              503 UNAVAILABLE       the proxy is shutting down, host removed
         └── UpstreamError            the registry could not be used
             ├── UpstreamUnreachable  502 UNAVAILABLE       connection refused, reset, broken off
+            ├── ContentMismatch      502 UNAVAILABLE       content that does not hash to its digest
             └── UpstreamTimeout      504 UNAVAILABLE       no answer within the operation's timeout
 
 Foreign exceptions (aiohttp, OSError, asyncio.TimeoutError) are mapped into this tree at the
@@ -88,9 +90,19 @@ class DigestInvalid(RegistryError):
     code = "DIGEST_INVALID"
 
 
-class ManifestInvalid(RegistryError):
-    status = 400
-    code = "MANIFEST_INVALID"
+class NameUnknown(RegistryError):
+    """A read of a repository whose name breaks the grammar: no such repository can exist, and
+    the OCI distribution spec gives reads no 400 (§12)."""
+
+    status = 404
+    code = "NAME_UNKNOWN"
+
+
+class ManifestUnknown(RegistryError):
+    """A read of a manifest whose tag breaks the grammar: no such manifest can exist (§12)."""
+
+    status = 404
+    code = "MANIFEST_UNKNOWN"
 
 
 class Denied(RegistryError):
@@ -134,4 +146,12 @@ class UpstreamUnreachable(UpstreamError):
 
 class UpstreamTimeout(UpstreamError):
     status = 504
+    code = "UNAVAILABLE"
+
+
+class ContentMismatch(UpstreamError):
+    """The registry answered content that is not what its digest says (content addressing):
+    a bad gateway, whatever status the registry gave it."""
+
+    status = 502
     code = "UNAVAILABLE"

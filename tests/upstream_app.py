@@ -14,14 +14,32 @@ MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 BLOB_SIZE = 256 * 1024
 
 
+# Content addressing, as a real registry has it: every manifest and blob this module makes is
+# kept under its digest, and a read by digest gets that content or a 404 (kuikproxy verifies it).
+_CONTENT: dict[str, bytes] = {}
+
+
 def manifest_of(repository: str, reference: str) -> bytes:
-    return json.dumps(
+    """The manifest the registry serves for ``repository:reference``; readable by its digest
+    from then on."""
+    body = json.dumps(
         {
             "schemaVersion": 2,
             "mediaType": MANIFEST_TYPE,
             "annotations": {"ref": f"{repository}:{reference}"},
         }
     ).encode()
+    _CONTENT[digest_of(body)] = body
+    return body
+
+
+def blob_digest(label: str) -> str:
+    """The digest of a blob of ``BLOB_SIZE`` bytes made from ``label``, which the registry
+    serves from then on."""
+    body = (label.encode() * BLOB_SIZE)[:BLOB_SIZE]
+    digest = digest_of(body)
+    _CONTENT[digest] = body
+    return digest
 
 
 def digest_of(body: bytes) -> str:
@@ -80,7 +98,13 @@ class Registry:
                 headers={"Retry-After": self.retry_after} if self.retry_after else None,
             )
         name, reference = request.match_info["name"], request.match_info["reference"]
-        body = manifest_of(name, reference)
+        if reference.startswith(("sha256:", "sha512:")):
+            found = _CONTENT.get(reference)
+            if found is None:
+                return _unknown("MANIFEST_UNKNOWN", reference)
+            body = found
+        else:
+            body = manifest_of(name, reference)
         headers = {
             "Content-Type": MANIFEST_TYPE,
             "Docker-Content-Digest": digest_of(body),
@@ -101,18 +125,25 @@ class Registry:
             return web.json_response(
                 {"errors": [{"code": "BLOB_UNKNOWN", "message": "failing"}]}, status=status
             )
-        chunk = b"x" * (BLOB_SIZE // self.blob_chunks)
+        digest = request.match_info["digest"]
+        body = _CONTENT.get(digest)
+        if body is None:
+            return _unknown("BLOB_UNKNOWN", digest)
         response = web.StreamResponse(
-            headers={
-                "Content-Type": "application/octet-stream",
-                "Docker-Content-Digest": request.match_info["digest"],
-            }
+            headers={"Content-Type": "application/octet-stream", "Docker-Content-Digest": digest}
         )
-        response.content_length = BLOB_SIZE
+        response.content_length = len(body)
         await response.prepare(request)
         if request.method == "GET":
-            for _ in range(self.blob_chunks):
-                await response.write(chunk)
+            size = -(-len(body) // self.blob_chunks)
+            for start in range(0, len(body), size):
+                await response.write(body[start : start + size])
                 await asyncio.sleep(0.01)
         await response.write_eof()
         return response
+
+
+def _unknown(code: str, digest: str) -> web.Response:
+    return web.json_response(
+        {"errors": [{"code": code, "message": f"unknown {digest}"}]}, status=404
+    )

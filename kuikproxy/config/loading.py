@@ -8,6 +8,12 @@ before that host is validated, so ``docker.io: {check: {interval: 30s}}`` keeps 
 
 Every problem is collected and reported at once as ``"path: reason"`` lines, with the keys as
 written in the file, so an operator fixes a file in one pass rather than one error per run.
+
+A *file* with no document in it (empty, blank, comments only, ``null``, ``~``, ``---``) is
+refused, not read as the embedded default: the operator named a file, and one truncated or
+emptied by mistake would otherwise drop every host it configures at the next reload — each
+then refused ``403`` or paced on the default's intervals. A file of ``{}`` asks for the embedded
+default on purpose, and no file at all (``load_config(None)``) is it.
 """
 
 from __future__ import annotations
@@ -77,7 +83,7 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
     """The configuration in the file at ``path``; ``None`` is the embedded default.
 
     Raises :class:`ConfigError` listing every problem, including an unreadable file, invalid
-    YAML, and a top level that is not a mapping.
+    YAML, a file with no configuration in it, and a top level that is not a mapping.
     """
     if path is None:
         return parse_config("", EMBEDDED_DEFAULT_SOURCE)
@@ -89,18 +95,34 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
         raise ConfigError([f"{source}: {error.strerror or error}"]) from None
     except UnicodeDecodeError as error:
         raise ConfigError([f"{source}: not UTF-8 text ({error.reason})"]) from None
-    return parse_config(text, source)
+    raw = _document(text, source)
+    if raw is None:  # a file named and found empty is a mistake, not a wish (see above)
+        raise ConfigError(
+            [
+                f"{source}: no configuration in it (empty, comments only or null); "
+                "write {} to run on the embedded default"
+            ]
+        )
+    return _config(raw, source)
 
 
 def parse_config(text: str, source: str = "<string>") -> Config:
-    """The configuration in the YAML ``text``; ``source`` names it in YAML errors."""
+    """The configuration in the YAML ``text``; ``source`` names it in YAML errors. A text with
+    no document in it is the embedded default (a *file* with none is refused by
+    :func:`load_config`)."""
+    raw = _document(text, source)
+    return _config({} if raw is None else raw, source)
+
+
+def _document(text: str, source: str) -> Any:
+    """The YAML document in ``text``, None if there is none (or only ``null``)."""
     try:
-        raw = yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
+        return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
     except yaml.YAMLError as error:
         raise ConfigError([_yaml_error(source, error)]) from None
-    if raw is None:
-        # An empty file (or one with only comments) is the embedded default.
-        raw = {}
+
+
+def _config(raw: Any, source: str) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError([f"{source}: the top level must be a mapping, not {_kind(raw)}"])
     return build_config(raw)

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from kuikproxy.errors import DigestInvalid, ManifestInvalid, NameInvalid
+from kuikproxy.errors import DigestInvalid, ManifestUnknown, NameUnknown
 
 # distribution/reference: path components joined by "/", each [a-z0-9]+ separated by ".", "_",
 # "__" or runs of "-". The whole name is capped at 255 characters by the distribution spec.
@@ -40,7 +40,7 @@ def normalize_host(host: str) -> str:
 def parse_repository(name: str, host: str) -> str:
     """Validate a repository name; on Docker Hub a single segment gets ``library/``."""
     if len(name) > _MAX_NAME or not _NAME.fullmatch(name):
-        raise NameInvalid(f"invalid repository name {name[:300]!r}", detail={"name": name[:300]})
+        raise NameUnknown(f"invalid repository name {name[:300]!r}", detail={"name": name[:300]})
     if host == DOCKER_HUB and "/" not in name:
         return f"library/{name}"
     return name
@@ -61,7 +61,7 @@ def check_reference(reference: str) -> str:
     if is_digest(reference):
         return check_digest(reference)
     if not _TAG.fullmatch(reference):
-        raise ManifestInvalid(
+        raise ManifestUnknown(
             f"invalid tag {reference[:200]!r}", detail={"reference": reference[:200]}
         )
     return reference

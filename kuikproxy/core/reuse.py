@@ -44,6 +44,15 @@ def accept_admits(accept: Iterable[str], content_type: str | None) -> bool:
     return media in ranges or f"{media.split('/', 1)[0]}/*" in ranges
 
 
+def negotiated_alike(read_accept: Iterable[str], request_accept: Iterable[str]) -> bool:
+    """R3: whether a kept refusal (401, 403, 404) may serve a request. A registry answers 404
+    when no representation fits a narrow ``Accept``, so a refusal serves only requests whose
+    ``Accept`` is the same set of media types as the read's."""
+    read = read_accept if isinstance(read_accept, tuple) else tuple(read_accept)
+    request = request_accept if isinstance(request_accept, tuple) else tuple(request_accept)
+    return _media_ranges(read) == _media_ranges(request)
+
+
 @lru_cache(maxsize=256)
 def _media_ranges(accept: tuple[str, ...]) -> frozenset[str]:
     """The media ranges of ``Accept`` values, parameters dropped. Clients send the same few
@@ -56,11 +65,47 @@ def _media_ranges(accept: tuple[str, ...]) -> frozenset[str]:
     )
 
 
-def shared_with(kept_auth: str | None, status: int, request_auth: str | None) -> bool:
-    """R5: an answer read with a client's own ``Authorization`` (``kept_auth`` is its key) serves
-    only requests with the identical one; a shared one (key None: anonymous or kuikproxy's own
-    credentials) serves everyone — except that a shared *refusal* (401/403/404) is not given to a
-    client that brought credentials of its own, which may well open what anonymity could not."""
+def shared_with(
+    kept_auth: str | None,
+    kept_signer: str | None,
+    status: int,
+    request_auth: str | None,
+    request_signer: str | None,
+) -> bool:
+    """R5: whether an answer may be given to a request, by whose it is.
+
+    ``*_auth`` is a key of a client's own ``Authorization`` (None without one); ``*_signer`` a
+    fingerprint of the kuikproxy credentials a request without one is signed with (None when
+    kuikproxy holds none for the host: it goes anonymous). An answer read with a client's own
+    ``Authorization`` serves only requests with the identical one. A shared answer (anonymous,
+    or read with kuikproxy's own credentials) serves every client — but only while it holds the
+    credentials the answer was read with (another proxy of a fleet, or this one before a reload,
+    may have held others), and a shared *refusal* (401/403/404) only a request that would itself
+    be sent the same way: credentials of a client's own, or kuikproxy's where the refusal was
+    anonymous, may well open what the refusal was about."""
     if kept_auth is not None:
         return kept_auth == request_auth
-    return request_auth is None or status == 200
+    if kept_signer is not None and kept_signer != request_signer:
+        return False
+    return status == 200 or (request_auth is None and request_signer == kept_signer)
+
+
+def owner_key(auth: str | None, signer: str | None) -> str | None:
+    """Whose an answer is, as one key (kept answers are stored under it): the client's
+    ``Authorization`` key, else kuikproxy's credentials (``own:`` and their fingerprint), else
+    None (anonymous)."""
+    if auth is not None:
+        return auth
+    return None if signer is None else f"own:{signer}"
+
+
+def owners_serving(auth: str | None, signer: str | None) -> tuple[str | None, ...]:
+    """The owner keys whose answers may serve a request with ``auth`` and ``signer``
+    (:func:`shared_with` decides, per answer, whether each does): anonymous answers, those read
+    with the credentials kuikproxy would sign it with, and the client's own."""
+    owners: tuple[str | None, ...] = (None,)
+    if signer is not None:
+        owners += (owner_key(None, signer),)
+    if auth is not None:
+        owners += (auth,)
+    return owners

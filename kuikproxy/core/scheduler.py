@@ -381,9 +381,13 @@ class HostScheduler:
 
     # -- copies -----------------------------------------------------------------------------
 
-    def copy(self, resource: str, image: Image, now: float, *, opens: bool) -> Admission:
+    def copy(
+        self, resource: str, image: Image, now: float, *, opens: bool, auth: str | None = None
+    ) -> Admission:
         """A copy request arrives. ``opens`` is true for a manifest GET by tag, which always
-        opens a copy of its own (§4.3); other requests join the resource's open copy if any."""
+        opens a copy of its own (§4.3); other requests join the resource's open copy if any.
+        ``auth`` keys its client's own ``Authorization``: the copy's manifest read serves only
+        those R5 lets it serve."""
         copy = self._open_copy
         p = self.pacing
         if (
@@ -393,7 +397,7 @@ class HostScheduler:
         ):
             copy.in_flight += 1
             return Pass()
-        ticket = Ticket(resource, image, Operation.COPY, None, now)
+        ticket = Ticket(resource, image, Operation.COPY, auth, now)
         self._copy_tickets.setdefault(image.key, {})[ticket] = None
         self._queues.setdefault(resource, CopyQueue()).push(image.key)
         self._copy_ready.add(resource)

@@ -6,16 +6,24 @@ exists, generated on first start and written with mode 0600 — clients trust it
 ``kuikproxy ca bundle``. Leaves are ECDSA P-256 (cheap to mint: a new host costs about a
 millisecond), valid :data:`LEAF_LIFETIME` from an hour ago, re-minted once less than
 :data:`RENEW_BEFORE` is left, and kept for the :data:`LEAVES` most recent hosts.
+
+Every intercepted pod trusts this CA for every name, so a leaf is presented for the host a
+client's ``CONNECT`` names and for no other: a ClientHello whose SNI names another host ends
+the handshake (:func:`_only`). Were the leaf minted for whatever the SNI asks, any client of the
+proxy could have kuikproxy sign a certificate for any name — ``kubernetes.default.svc``, a
+bank — that the other pods would accept.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import logging
 import os
 import ssl
 import tempfile
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from cryptography import x509
@@ -30,6 +38,8 @@ LEAF_LIFETIME = dt.timedelta(days=7)
 RENEW_BEFORE = dt.timedelta(days=1)
 BACKDATE = dt.timedelta(hours=1)  # clocks of clients a little behind still accept a new leaf
 LEAVES = 1024
+
+log = logging.getLogger(__name__)
 
 
 CA_KEY_USAGE = x509.KeyUsage(
@@ -60,6 +70,29 @@ def _name(common_name: str) -> x509.Name:
             x509.NameAttribute(NameOID.COMMON_NAME, common_name[:64]),
         ]
     )
+
+
+def _normal(name: str) -> str:
+    """A host name as TLS compares it: without case or a trailing dot."""
+    return name.lower().rstrip(".")
+
+
+SNICallback = Callable[[ssl.SSLObject, str | None, ssl.SSLContext], int | None]
+
+
+def _only(host: str) -> SNICallback:
+    """The SNI check of a context presenting ``host``'s leaf: a ClientHello that names no
+    host (as for an IP address) or ``host`` goes on; one naming any other host gets an
+    ``unrecognized_name`` alert, before a certificate is sent."""
+
+    def check(_: ssl.SSLObject, name: str | None, __: ssl.SSLContext) -> int | None:
+        if name is None or _normal(name) == host:
+            return None
+        # the handshake then fails as "callback failed": say which names disagreed
+        log.debug("TLS for %r refused in a CONNECT to %s", name[:300], host)
+        return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+
+    return check
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -124,8 +157,9 @@ class Authority:
         self._dir: str | None = None  # made at the first leaf, mode 0700
 
     def context(self, host: str) -> ssl.SSLContext:
-        """A server-side TLS context presenting a leaf for ``host`` (a name or an address)."""
-        host = host.lower().rstrip(".")
+        """A server-side TLS context presenting a leaf for ``host`` (a name or an address,
+        without brackets), and refusing a ClientHello that names another host."""
+        host = _normal(host)
         kept = self._leaves.get(host)
         if kept is not None and kept[1] - _now() > RENEW_BEFORE:
             self._leaves.move_to_end(host)
@@ -175,14 +209,8 @@ class Authority:
                 key_file.flush()
                 context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
                 context.load_cert_chain(cert_file.name, key_file.name)
-        context.sni_callback = self._sni
+        context.sni_callback = _only(host)
         return context, expires
-
-    def _sni(self, sslobj: ssl.SSLObject, name: str | None, _: ssl.SSLContext) -> None:
-        """The client named a host in its TLS hello: present a leaf for that name (which host
-        the requests go to is still the ``CONNECT``'s)."""
-        if name:
-            sslobj.context = self.context(name)
 
     def close(self) -> None:
         if self._dir is not None:

@@ -7,11 +7,15 @@ from any other request:
 * anything else is handed to aiohttp as it arrived (mirror requests, ``/status``, absolute-URI
   requests for plain-HTTP registries): the connection becomes aiohttp's, costing nothing more;
 * ``CONNECT host:port`` to a registry kuikproxy may contact is answered ``200``, TLS is
-  terminated with a leaf certificate for that host (:mod:`.authority`), and the decrypted
+  terminated with a leaf certificate for that host and no other (:mod:`.authority`: a
+  ClientHello naming another host ends the handshake), and the decrypted
   connection is handed to aiohttp, which knows from :attr:`Forwarding.tunnels` which registry
   it is for: every request in it is classified, paced and relayed as a mirror request;
 * ``CONNECT`` to a ``forwardProxy.tunnelHosts`` host is tunnelled blind, never intercepted;
 * ``CONNECT`` anywhere else is refused ``403``.
+
+A ``CONNECT`` head gets no more room than aiohttp gives any other request's head (a head over
+its limits is ``431``, see :func:`too_large`), and no more time than a TLS handshake (``408``).
 """
 
 from __future__ import annotations
@@ -34,8 +38,13 @@ if TYPE_CHECKING:  # cryptography is loaded only where certificates are minted
 
 log = logging.getLogger(__name__)
 
-MAX_HEAD = 16 * 1024  # a CONNECT's request line and headers
-HANDSHAKE_TIMEOUT = 10.0
+# aiohttp's HTTP parser's limits (its defaults, which kuikproxy keeps) for every other head:
+# a CONNECT past the front gets no more room than a GET that aiohttp parses
+MAX_LINE = 8190  # the request line
+MAX_FIELD = 8190  # one header line
+MAX_HEADERS = 128
+MAX_HEAD = 16 * 1024  # the whole head: a CONNECT needs a Host and credentials, far less
+HANDSHAKE_TIMEOUT = 10.0  # for the CONNECT head from its first byte, then for the TLS handshake
 CONNECT = b"CONNECT "
 
 
@@ -55,6 +64,34 @@ def registry_of(authority: str) -> str:
     if not host.rpartition(":")[2].isdigit():
         raise ValueError(f"CONNECT needs host:port, not {authority!r}")  # RFC 9110 §9.3.6
     return host.removesuffix(":443")
+
+
+def server_name(authority: str) -> str:
+    """The name a client checks the leaf against for a valid ``CONNECT`` target: its host as
+    written, not the registry it is folded into (``CONNECT registry-1.docker.io:443`` is for
+    ``docker.io``, but the client expects ``registry-1.docker.io``); an IPv6 address without
+    its brackets."""
+    return authority.rpartition(":")[0].strip("[]")
+
+
+def too_large(head: bytes | bytearray) -> str | None:
+    """Why a ``CONNECT`` head, or as much of it as came, is over the limits aiohttp sets every
+    other head (the whole head over :data:`MAX_HEAD` besides); None while it is within them.
+
+    All of them are ``431``: a ``CONNECT``'s request line is little more than the host it
+    names, so a long one is a head too large rather than a URI (414) too long, and one status
+    for every head limit is what a client can act on."""
+    if len(head) > MAX_HEAD:
+        return f"the CONNECT head is over {MAX_HEAD} bytes"
+    # an unended head's last CRLF opens a line that has no byte yet: no field to count
+    line, *fields = bytes(head).rstrip(b"\r\n").split(b"\r\n")
+    if len(line) > MAX_LINE:
+        return f"the CONNECT request line is over {MAX_LINE} bytes"
+    if len(fields) > MAX_HEADERS:
+        return f"the CONNECT head has over {MAX_HEADERS} header fields"
+    if any(len(field) > MAX_FIELD for field in fields):
+        return f"a CONNECT header field is over {MAX_FIELD} bytes"
+    return None
 
 
 class Forwarding:
@@ -104,10 +141,16 @@ class Front(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.intercepting = False  # TLS is being set up: bytes that come are the client's
+        # closes a CONNECT head that has not ended in time: a client trickling one holds a
+        # connection and its buffer for as long as it is let
+        self.clock: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.stop_clock()
 
     def data_received(self, data: bytes) -> None:
         assert self.transport is not None
@@ -116,18 +159,36 @@ class Front(asyncio.Protocol):
             return  # the first decrypted bytes, for aiohttp once the connection is its
         head = bytes(self.buffer[: len(CONNECT)])
         if not CONNECT.startswith(head):
+            self.stop_clock()
             self.forwarding.hand_off(self.transport, bytes(self.buffer))
             return
+        if self.clock is None:
+            self.clock = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT, self.too_slow)
         end = self.buffer.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self.buffer) > MAX_HEAD:
-                self.answer(431, "Request Header Fields Too Large", "the CONNECT head is too long")
+        # what came of an unended head is checked too: no need to wait for the rest of it
+        problem = too_large(self.buffer if end < 0 else self.buffer[:end])
+        if problem is not None:
+            self.answer(431, "Request Header Fields Too Large", problem)
             return
+        if end < 0:
+            return
+        self.stop_clock()
         if end + 4 != len(self.buffer):  # a client must wait for the answer before TLS
             self.answer(400, "Bad Request", "data after the CONNECT head before its answer")
             return
         self.transport.pause_reading()
         self.connect(bytes(self.buffer[:end]).decode("latin-1"))
+
+    def too_slow(self) -> None:
+        self.clock = None
+        self.answer(
+            408, "Request Timeout", f"the CONNECT head did not end within {HANDSHAKE_TIMEOUT:g}s"
+        )
+
+    def stop_clock(self) -> None:
+        if self.clock is not None:
+            self.clock.cancel()
+            self.clock = None
 
     def connect(self, head: str) -> None:
         line, *fields = head.split("\r\n")
@@ -151,7 +212,8 @@ class Front(asyncio.Protocol):
         elif config.is_allowed(host):
             self.buffer.clear()
             self.intercepting = True
-            self.spawn(self.intercept(Tunnel(host, headers.get("proxy-authorization"))))
+            tunnel = Tunnel(host, headers.get("proxy-authorization"))
+            self.spawn(self.intercept(tunnel, server_name(target)))
         else:
             self.answer(403, "Forbidden", f"kuikproxy may not contact {host}", code="DENIED")
 
@@ -160,11 +222,12 @@ class Front(asyncio.Protocol):
         self.forwarding.tasks.add(task)
         task.add_done_callback(self.forwarding.tasks.discard)
 
-    async def intercept(self, tunnel: Tunnel) -> None:
+    async def intercept(self, tunnel: Tunnel, name: str) -> None:
+        """TLS with the client, presenting a leaf for ``name`` (the ``CONNECT``'s host), then
+        the decrypted connection to aiohttp."""
         assert self.transport is not None
         transport, authority = self.transport, self.forwarding.authority
-        # a leaf for the CONNECT's host, or for the name the client's SNI asks for
-        context = authority.context(tunnel.host.rsplit(":", 1)[0])
+        context = authority.context(name)
         transport.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         loop = asyncio.get_running_loop()
         try:
@@ -210,6 +273,7 @@ class Front(asyncio.Protocol):
     def answer(self, status: int, reason: str, message: str, code: str = "UNSUPPORTED") -> None:
         """A refusal, as an OCI error body (§12), and the connection closed."""
         assert self.transport is not None
+        self.stop_clock()
         body = json.dumps({"errors": [{"code": code, "message": message}]}).encode()
         head = (
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"

@@ -151,8 +151,10 @@ class FleetLink:
             "method": kept.method,
             "readAt": kept.read_at + self.offset,
             "auth": kept.auth,
+            "signer": kept.signer,
+            "accept": kept.accept,
         }
-        key = _kept_key(image_key, kept.method, kept.auth)
+        key = _kept_key(image_key, kept.method, kept.owner)
         try:
             await self.backend.keep(host, key, json.dumps(payload).encode(), ttl)
         except FleetUnavailable as error:
@@ -181,6 +183,8 @@ class FleetLink:
                         str(kept["method"]),
                         float(kept["readAt"]) - self.offset,
                         kept["auth"],
+                        kept["signer"],  # none: an older proxy's, whose R5 is unknown
+                        tuple(str(a) for a in kept["accept"]),
                     )
                 )
             except (ValueError, KeyError, TypeError):  # another version's, or damaged: unused
@@ -211,5 +215,5 @@ class FleetLink:
         return FleetView(self.backend.name, self.connected, self.size, self.since, self.error)
 
 
-def _kept_key(image_key: str, method: str, auth: str | None) -> str:
-    return f"{image_key}|{method}|{auth or '-'}"
+def _kept_key(image_key: str, method: str, owner: str | None) -> str:
+    return f"{image_key}|{method}|{owner or '-'}"

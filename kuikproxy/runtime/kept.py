@@ -1,15 +1,16 @@
 """Kept answers (R1), bounded and least-recently-used first out (R6).
 
-An entry is one answer per (host, image, method, Authorization key): a HEAD and a GET answer of
-the same image are kept side by side, since a HEAD answer never serves a GET (R3). Lookups apply
-R3 and R5 and return the newest answer that may serve the request; whether it is fresh enough
-for that resource is the scheduler's question (R1), asked with its ``read_at``.
+An entry is one answer per (host, image, method, owner — whose it is, R5): a HEAD and a GET
+answer of the same image are kept side by side, since a HEAD answer never serves a GET (R3).
+Lookups apply R3 and R5 and return the newest answer that may serve the request; whether it is
+fresh enough for that resource is the scheduler's question (R1), asked with its ``read_at``.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+from kuikproxy.core.reuse import owners_serving
 from kuikproxy.runtime.messages import Answer, RegistryRequest
 
 _Key = tuple[str, str, str, str | None]
@@ -31,7 +32,7 @@ class KeptAnswers:
         kept = answer.kept()
         if kept.size > self.max_bytes:
             return
-        key = (host, image_key, kept.method, kept.auth)
+        key = (host, image_key, kept.method, kept.owner)
         old = self._entries.pop(key, None)
         if old is not None:
             self.bytes -= old.size
@@ -75,8 +76,8 @@ class KeptAnswers:
 
 
 def lookups(request: RegistryRequest) -> list[tuple[str, str | None]]:
-    """The (method, whose) of the kept answers that may serve ``request``: a GET's serves a
+    """The (method, owner) of the kept answers that may serve ``request``: a GET's serves a
     HEAD too (R3); shared ones, and the client's own (R5)."""
     methods = ("GET", "HEAD") if request.method == "HEAD" else ("GET",)
-    auths = (None,) if request.auth is None else (None, request.auth)
-    return [(method, auth) for method in methods for auth in auths]
+    owners = owners_serving(request.auth, request.signer)
+    return [(method, owner) for method in methods for owner in owners]

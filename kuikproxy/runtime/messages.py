@@ -8,21 +8,34 @@ R2, or kept, R1) or a :class:`Go` (no window needed or the window came: go upstr
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from multidict import CIMultiDict
 from yarl import URL
 
 from kuikproxy.config import Operation as FlowOperation
-from kuikproxy.core.images import Image
-from kuikproxy.core.reuse import accept_admits, method_serves, shared_with
+from kuikproxy.core.images import MANIFESTS, Image
+from kuikproxy.core.reuse import (
+    accept_admits,
+    method_serves,
+    negotiated_alike,
+    owner_key,
+    shared_with,
+)
 from kuikproxy.core.scheduler import Operation
 from kuikproxy.runtime.flow import Flow, FlowGate
 from kuikproxy.upstream.client import end_to_end
 
 # R1: what a kept answer remembers of the headers, besides its status and body.
 KEPT_HEADERS = frozenset(
-    {"content-type", "content-length", "docker-content-digest", "www-authenticate", "etag"}
+    {
+        "content-type",
+        "content-length",
+        "docker-content-digest",
+        "www-authenticate",
+        "etag",
+        "docker-distribution-api-version",  # a /v2/ ping's: clients check it
+    }
 )
 # Headers meant for kuikproxy or for one connection, never forwarded upstream.
 KUIK_RESOURCE = "Kuik-Resource"
@@ -55,6 +68,8 @@ class RegistryRequest:
     gate: FlowGate  # the flow control that classifies it (§10)
     query: tuple[tuple[str, str], ...] = ()  # forwarded as sent, less ``ns``
     paced: bool = True  # False: a host kuik owns (§4.3), its flows are ``unpaced`` ones
+    # fingerprint of the credentials kuikproxy signs it with when it brings none (R5), if any
+    signer: str | None = None
     _flow: Flow | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -73,7 +88,13 @@ class RegistryRequest:
 
     @property
     def headers(self) -> Headers:
-        return forwarded(self.sent)
+        """What goes upstream. Manifests are asked for unencoded: their digest is that of the
+        bytes, and a HEAD answered from a kept GET must carry the body's exact length (R3)."""
+        headers = forwarded(self.sent)
+        if self.image.route != MANIFESTS:
+            return headers
+        plain = tuple((k, v) for k, v in headers if k.lower() != "accept-encoding")
+        return (*plain, ("Accept-Encoding", "identity"))
 
     @property
     def authorization(self) -> str | None:
@@ -97,7 +118,9 @@ class Answer:
     body: bytes
     method: str
     read_at: float  # the window time it was read at (loop clock)
-    auth: str | None  # None: shared with every client (R5)
+    auth: str | None  # the reader's Authorization key; None: shared with every client (R5)
+    signer: str | None = None  # for a shared answer: kuikproxy's credentials it was read with
+    accept: tuple[str, ...] = ()  # the Accept the registry negotiated it with (R3)
     content_type: str | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -108,26 +131,36 @@ class Answer:
         return next((v for k, v in self.headers if k.lower() == name), None)
 
     def serves(self, request: RegistryRequest) -> bool:
-        """R3: a GET answer serves a HEAD but not the other way round, and a manifest serves a
-        request whose ``Accept`` admits its type (a refusal's type is an error body's, which
-        ``Accept`` does not negotiate)."""
+        """R3: a GET answer serves a HEAD but not the other way round; a 200 serves a request
+        whose ``Accept`` admits its type, a refusal only one that negotiates as its read did."""
         if not method_serves(self.method, request.method):
             return False
-        return self.status != 200 or accept_admits(request.accept, self.content_type)
+        if self.status == 200:
+            return accept_admits(request.accept, self.content_type)
+        return negotiated_alike(self.accept, request.accept)
 
     def may_serve(self, request: RegistryRequest) -> bool:
         """Whether this kept answer (here or the fleet's) may answer ``request``: R5, whose it
         is, then R3."""
-        return shared_with(self.auth, self.status, request.auth) and self.serves(request)
+        return (
+            shared_with(self.auth, self.signer, self.status, request.auth, request.signer)
+            and self.serves(request)
+        )
+
+    @property
+    def owner(self) -> str | None:
+        """Whose it is, as the key it is kept under (R5)."""
+        return owner_key(self.auth, self.signer)
 
     @property
     def size(self) -> int:
         return len(self.body) + sum(len(k) + len(v) for k, v in self.headers)
 
     def kept(self) -> Answer:
-        """The part of this answer that R1 keeps."""
+        """The part of this answer that R1 keeps, and that may be given to anyone but the
+        client whose request was read: per-client headers (``Set-Cookie``, …) are left out."""
         headers = tuple((k, v) for k, v in self.headers if k.lower() in KEPT_HEADERS)
-        return Answer(self.status, headers, self.body, self.method, self.read_at, self.auth)
+        return replace(self, headers=headers)
 
 
 @dataclass(frozen=True, slots=True)

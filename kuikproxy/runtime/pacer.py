@@ -53,6 +53,7 @@ from kuikproxy.core.scheduler import (
 from kuikproxy.core.windows import Outcome, Series
 from kuikproxy.errors import Denied, RegistryError, TooManyRequests, Unavailable
 from kuikproxy.fleet.backend import FleetBackend
+from kuikproxy.runtime.content import MAX_MANIFEST, verified
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.flow import FlowGate
@@ -63,7 +64,6 @@ from kuikproxy.upstream.registries import Registries
 
 log = logging.getLogger(__name__)
 
-MAX_MANIFEST = 4 * 1024 * 1024  # distribution's own limit on a manifest's size
 MAX_ERROR_BODY = 64 * 1024
 # What a prefetch read (P7) asks for when no request is there to copy: every manifest type.
 PREFETCH_ACCEPT = (
@@ -260,20 +260,20 @@ class _Host:
             log.exception("%s: reading %s failed unexpectedly", self.name, read.image.key)
 
     def group(self, read: Read) -> list[Ticket]:
-        """The tickets one upstream answer may serve: those with the leader's credentials (R5)."""
+        """The tickets still waiting that could stand in for the leader: those with its
+        credentials (R5)."""
         auth = read.leader.auth if read.leader is not None else None
         return [t for t in read.tickets if t.auth == auth and t in self.waiters]
 
-    def template(self, read: Read, group: list[Ticket]) -> RegistryRequest | None:
-        """The request a read sends: the leader's (or, if its client just left, another of its
-        group's), as a GET if any GET waits beside it (R2); kuikproxy's own HEAD for a prefetch
-        read (P7); None when everyone it was for has left (P11: not read)."""
-        if read.leader is not None and not group:
-            return None
+    def template(self, read: Read) -> tuple[Ticket | None, RegistryRequest | None]:
+        """Whose request a read sends, and the request: the leader's (or, if its client just
+        left, another of its group's), as a GET if any GET of its group waits beside it (R2);
+        kuikproxy's own HEAD for a prefetch read (P7, no ticket); no request when everyone it
+        was for has left (P11: not read)."""
         if read.leader is None:  # a prefetch read: kuikproxy's own, shared by everyone
             manifest = read.image.route == MANIFESTS
             accept = PREFETCH_ACCEPT if manifest else ()
-            return RegistryRequest(
+            return None, RegistryRequest(
                 host=self.name,
                 image=read.image,
                 resource="",
@@ -285,16 +285,21 @@ class _Host:
                 accept=accept,
                 gate=self.pacer.flow,
                 query=tuple(parse_qsl(read.image.query)),
+                signer=self.pacer.registries.signer(self.name),
             )
+        group = self.group(read)
+        if not group:
+            return None, None
         first = read.leader if read.leader in group else group[0]
         leader = self.waiters[first].request
         if leader.method == "HEAD" and any(self.waiters[t].request.method == "GET" for t in group):
-            return replace(leader, method="GET")
-        return leader
+            return first, replace(leader, method="GET")
+        return first, leader
 
     async def fetch(self, request: RegistryRequest, at: float, timeout: float | None) -> Answer:
-        """One upstream read, whole (manifests and error bodies are small); the series stays
-        busy while it waits for the host's quota and a seat."""
+        """One upstream read, whole (manifests and error bodies are small), its content checked
+        against its digest (:func:`verified`); the series stays busy while it waits for the
+        host's quota and a seat."""
         async with self.pacer.upstream(request):
             upstream = UpstreamRequest(
                 method=request.method,
@@ -306,11 +311,14 @@ class _Host:
                 limit = MAX_MANIFEST if response.status == 200 else MAX_ERROR_BODY
                 body = b"" if request.method == "HEAD" else await response.read(limit)
                 headers = tuple(end_to_end(response.headers).items())
-        return Answer(response.status, headers, body, request.method, at, request.auth)
+        signer = request.signer if request.auth is None else None
+        answer = Answer(
+            response.status, headers, body, request.method, at, request.auth, signer, request.accept
+        )
+        return verified(request, answer)
 
     async def check_read(self, read: Read) -> None:
-        group = self.group(read)
-        request = self.template(read, group)
+        sent, request = self.template(read)
         timeout = self.settings.check.timeout or None
         served: list[Ticket] = []
         digest = None
@@ -324,7 +332,7 @@ class _Host:
             if answer is None:
                 answer = await self.fetch(request, read.at, timeout)
         except RegistryError as error:
-            served = group
+            served = self.group(read)
             self.resolve(served, error)
         else:
             kept = is_kept_status(answer.status)
@@ -333,8 +341,8 @@ class _Host:
                 digest = answer.header("docker-content-digest")
             # a 429 is the registry saying stop, not an answer about the image: its block is in
             # force (upstream_answered) and the requests keep waiting through it (§11)
-            served = [] if answer.status == 429 else self.served_by(answer, group)
-            self.resolve(served, answer)
+            served = [] if answer.status == 429 else self.served_by(answer, sent, read)
+            self.answer(served, sent, answer)
         finally:
             released = self.scheduler.check_read_done(
                 read, self.pacer.loop.time(), served=served, digest=digest, kept=kept
@@ -345,40 +353,40 @@ class _Host:
 
     async def copy_read(self, read: Read) -> None:
         """The copy opened: every ticket is one of its requests. A manifest is read once for
-        all who can share the answer (R2); blobs, and those who cannot share, go upstream
+        all who can share the answer (R2, R5); blobs, and those who cannot share, go upstream
         themselves."""
         done = self.copy_done
         leader = self.waiters.get(read.tickets[0])
         if leader is None or leader.request.image.route == BLOBS:
             self.resolve(list(read.tickets), self.go_copy())
             return
-        group = self.group(read)
-        request = self.template(read, group)
+        sent, request = self.template(read)
         timeout = self.settings.copy.timeout or None
         served: list[Ticket] = []
         try:
             if request is not None:
-                served = await self.copy_manifest(read, request, group, timeout)
+                served = await self.copy_manifest(read, sent, request, timeout)
         finally:
             for _ in served:  # answered whole: their part of the copy has ended
                 done()
             self.resolve([t for t in read.tickets if t not in served], self.go_copy())
 
     async def copy_manifest(
-        self, read: Read, request: RegistryRequest, group: list[Ticket], timeout: float | None
+        self, read: Read, sent: Ticket | None, request: RegistryRequest, timeout: float | None
     ) -> list[Ticket]:
         """Read the copy's manifest once; answer those it serves and return them."""
         try:
             answer = await self.fetch(request, read.at, timeout)
         except RegistryError as error:
-            self.resolve(group, error)
-            return group
+            failed = self.group(read)
+            self.resolve(failed, error)  # the others go themselves, with their credentials
+            return failed
         if is_kept_status(answer.status):
             self.keep(read.image.key, answer)
         # on a 429 nobody is served: each request of the copy goes itself, and its quota wait
         # (Pacer.spend) holds it until the block is over (§11)
-        served = [] if answer.status == 429 else self.served_by(answer, group)
-        self.resolve(served, answer)
+        served = [] if answer.status == 429 else self.served_by(answer, sent, read)
+        self.answer(served, sent, answer)
         return served
 
     async def fleet_answer(self, request: RegistryRequest) -> Answer | None:
@@ -406,14 +414,23 @@ class _Host:
             ttl = self.pacer.config.cache.max_age
             self.pacer.spawn(fleet.share(self.name, image_key, answer, ttl))
 
-    def served_by(self, answer: Answer, group: list[Ticket]) -> list[Ticket]:
-        """The tickets still waiting that this answer serves (R2 with R3); clients may have
-        left while it was read."""
+    def served_by(self, answer: Answer, sent: Ticket | None, read: Read) -> list[Ticket]:
+        """The tickets still waiting that this answer serves (R2): the one whose request was
+        sent, whatever type the registry gave it (it negotiated with that request's ``Accept``),
+        and every other that R5 and R3 let it serve. Clients may have left while it was read."""
         return [
             t
-            for t in group
-            if (waiter := self.waiters.get(t)) is not None and answer.serves(waiter.request)
+            for t in read.tickets
+            if (waiter := self.waiters.get(t)) is not None
+            and (t is sent or answer.may_serve(waiter.request))
         ]
+
+    def answer(self, served: list[Ticket], sent: Ticket | None, answer: Answer) -> None:
+        """Give ``answer`` to ``served``: whole to the client whose request was sent, without
+        its per-client headers (``Set-Cookie``, …) to everyone else."""
+        others = answer.kept()
+        for ticket in served:
+            self.resolve([ticket], answer if ticket is sent else others)
 
     def go_copy(self) -> Go:
         """A release into the open copy: ends its part of the copy when done, and must be
@@ -455,7 +472,9 @@ class _Host:
                 return kept
             self.pacer.kept.count(hit=False)
         else:
-            decision = s.copy(request.resource, request.image, now, opens=request.opens)
+            decision = s.copy(
+                request.resource, request.image, now, opens=request.opens, auth=request.auth
+            )
         if isinstance(decision, Pass):
             return self.go_copy() if request.operation is Operation.COPY else Go()
         assert isinstance(decision, Hold)

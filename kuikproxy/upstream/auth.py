@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -54,6 +55,22 @@ def parse_challenge(header: str) -> Challenge | None:
 
 def basic(username: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+
+
+def signer_of(credentials: Credentials | None, host: str) -> str | None:
+    """A fingerprint of kuikproxy's own credentials for ``host`` (R5: answers read with them
+    are shared, and only by proxies that hold the same ones), None when it holds none. Never
+    the credentials themselves: a truncated SHA-256 of user and password."""
+    try:
+        user = load_credentials(credentials, host)
+    except (OSError, ValueError):
+        # unreadable now, and kuikproxy's sign-in will fail alike: still not anonymous
+        return None if credentials is None else _digest(repr(credentials))
+    return None if user is None else _digest("\0".join(user))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:24]
 
 
 def load_credentials(credentials: Credentials | None, host: str) -> tuple[str, str] | None:

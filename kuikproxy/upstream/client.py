@@ -3,11 +3,14 @@
 The runtime and the web edge speak to registries through :class:`Transport` only, so tests can
 inject a fake and the aiohttp details (sessions, timeouts, exceptions) stay in this module.
 Every failure of the network or of the registry's connection becomes an
-:class:`~kuikproxy.errors.UpstreamError` carrying the reason.
+:class:`~kuikproxy.errors.UpstreamError` carrying the reason. A URL is shown (in a message, in a
+log line) by :func:`shown` only: without its query or userinfo, where signed storage URLs,
+tokens and credentials travel.
 """
 
 from __future__ import annotations
 
+import re
 import ssl
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -24,6 +27,9 @@ from kuikproxy.upstream.guard import AddressGuard, AddressRefused, GuardedResolv
 # A registry silent this long, even in the middle of a blob without a copy.timeout, is stuck:
 # its request fails (504) rather than holding its copy open for ever.
 STALL_TIMEOUT = 120.0
+# A new connection (TCP and TLS) not established in this long is given up (502): a peer that
+# never accepts must not hold a client for as long as its request's timeout, or for ever.
+CONNECT_TIMEOUT = 10.0
 
 # RFC 9110 §7.6.1: meaningful for one connection only, never forwarded either way.
 HOP_BY_HOP = frozenset(
@@ -49,6 +55,7 @@ class UpstreamRequest:
     timeout: float | None  # seconds for the whole exchange, None for no limit
     ssl: ssl.SSLContext | bool = True  # True: the system's verification; False: none
     body: AsyncIterable[bytes] | None = None  # a write's body, streamed (paced: false hosts)
+    realm: bool = False  # a token request: may reach the realm endpoints the guard trusts
 
 
 class UpstreamResponse(Protocol):
@@ -108,10 +115,10 @@ class _AiohttpResponse:
             # per chunk on the way out (measured: a third of blob throughput)
             async for chunk in self._response.content.iter_any():
                 yield chunk
-        except TimeoutError as e:
-            raise UpstreamTimeout(f"{self._what}: timed out while reading the body") from e
+        except TimeoutError:
+            raise UpstreamTimeout(f"{self._what}: timed out while reading the body") from None
         except (aiohttp.ClientError, OSError) as e:
-            raise UpstreamUnreachable(f"{self._what}: broke off: {_reason(e)}") from e
+            raise UpstreamUnreachable(f"{self._what}: broke off: {_reason(e)}") from None
 
     async def read(self, limit: int) -> bytes:
         body = bytearray()
@@ -134,39 +141,54 @@ class _AiohttpResponse:
 
 
 class AiohttpTransport:
-    """Registries over aiohttp: one pooled session, bodies left encoded as the registry sent
+    """Registries over aiohttp: pooled sessions, bodies left encoded as the registry sent
     them (digests are of the bytes on the wire), redirects not followed (the registry client
     follows them itself, to decide what crosses to another host), and forbidden addresses
-    refused when a guard is given."""
+    refused when a guard is given.
+
+    Token requests (``realm``) have a session of their own: the realm endpoints the guard
+    trusts for them must never be reached through a connection, or a resolved address, that
+    aiohttp keeps and another request would reuse."""
 
     def __init__(
-        self, *, guard: AddressGuard | None = None, connect_timeout: float = 30.0, limit: int = 256
+        self,
+        *,
+        guard: AddressGuard | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        limit: int = 256,
     ) -> None:
         self._guard = guard
         self._connect_timeout = connect_timeout
         self._limit = limit
-        self._session: aiohttp.ClientSession | None = None
+        self._sessions: dict[bool, aiohttp.ClientSession] = {}
 
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            resolver = GuardedResolver(self._guard) if self._guard is not None else None
-            self._session = aiohttp.ClientSession(
+    def _get_session(self, realm: bool) -> aiohttp.ClientSession:
+        session = self._sessions.get(realm)
+        if session is None:
+            guard = self._guard
+            resolver = GuardedResolver(guard, realm=realm) if guard is not None else None
+            session = self._sessions[realm] = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._limit, resolver=resolver),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
                 trust_env=False,
             )
-        return self._session
+        return session
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
-        what = f"{request.method} {request.url.host}{request.url.path}"
+        what = f"{request.method} {shown(request.url)}"
+        # sock_connect bounds establishing a connection only: waiting for a pooled one is
+        # kuikproxy's own queue, bounded by the request's timeout like the rest
         timeout = aiohttp.ClientTimeout(
-            total=request.timeout, connect=self._connect_timeout, sock_read=STALL_TIMEOUT
+            total=request.timeout, sock_connect=self._connect_timeout, sock_read=STALL_TIMEOUT
         )
+        # Foreign exceptions are not chained to ours (``from None``): their text may carry the
+        # URL's query, and a chained traceback would take it to a log. The reason is the message.
         try:
             if self._guard is not None and request.url.host is not None:
-                self._guard.check_literal(request.url.host, request.url.port or 0)
-            response = await self._get_session().request(
+                port = request.url.port or 0
+                self._guard.check_literal(request.url.host, port, realm=request.realm)
+            response = await self._get_session(request.realm).request(
                 request.method,
                 request.url,
                 headers=CIMultiDict(request.headers),
@@ -176,21 +198,24 @@ class AiohttpTransport:
                 ssl=request.ssl,
             )
         except AddressRefused as e:
-            raise Denied(str(e)) from e
+            raise Denied(str(e)) from None
         except aiohttp.ClientConnectorError as e:
             if isinstance(e.os_error, AddressRefused):
-                raise Denied(str(e.os_error)) from e
-            raise UpstreamUnreachable(f"{what}: {_reason(e)}") from e
-        except TimeoutError as e:
-            raise UpstreamTimeout(f"{what}: {_no_answer(request.timeout)}") from e
+                raise Denied(str(e.os_error)) from None
+            raise UpstreamUnreachable(f"{what}: {_reason(e)}") from None
+        except aiohttp.ConnectionTimeoutError:
+            message = f"{what}: could not connect within {self._connect_timeout:g}s"
+            raise UpstreamUnreachable(message) from None
+        except TimeoutError:
+            raise UpstreamTimeout(f"{what}: {_no_answer(request.timeout)}") from None
         except (aiohttp.ClientError, OSError) as e:
-            raise UpstreamUnreachable(f"{what}: {_reason(e)}") from e
+            raise UpstreamUnreachable(f"{what}: {_reason(e)}") from None
         return _AiohttpResponse(response, what)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        sessions, self._sessions = self._sessions, {}
+        for session in sessions.values():
+            await session.close()
 
 
 def _no_answer(timeout: float | None) -> str:
@@ -199,6 +224,24 @@ def _no_answer(timeout: float | None) -> str:
     return f"no answer within {timeout:g}s"
 
 
+def shown(url: URL) -> str:
+    """``url`` as kuikproxy shows it, in a message or a log line: without its query, fragment
+    or userinfo, where signed storage URLs, tokens and credentials travel."""
+    bare = url.with_query(None).with_fragment(None)
+    return str(bare.with_user(None) if bare.absolute else bare)
+
+
+# A URL in the text of a foreign exception (aiohttp puts the request's whole URL in some).
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*")
+
+
+def _shown_in_text(match: re.Match[str]) -> str:
+    try:
+        return shown(URL(match[0]))
+    except ValueError:  # not even a URL to yarl: its scheme is all that is safe to show
+        return match[0].partition("://")[0] + "://…"
+
+
 def _reason(error: BaseException) -> str:
-    text = str(error) or type(error).__name__
+    text = _URL_IN_TEXT.sub(_shown_in_text, str(error) or type(error).__name__)
     return text if isinstance(error, aiohttp.ClientError) else f"{type(error).__name__}: {text}"

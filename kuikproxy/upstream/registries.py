@@ -13,7 +13,22 @@ Everything that leaves kuikproxy for a registry goes through :meth:`Registries.s
   client (R5); a client's own ``Authorization`` is passed through untouched and never mixed
   with kuikproxy's;
 * redirects (blob storage) are followed here, at most :data:`MAX_REDIRECTS` hops, and an
-  ``Authorization`` never crosses to another origin.
+  ``Authorization`` never crosses to another origin;
+* a redirect is followed only to a well-formed http(s) URL without userinfo, and through the
+  same address guard as a registry (SPEC §3.1): its target may be a loopback, link-local or
+  metadata address only when that very endpoint is an explicit ``upstream`` of the
+  configuration. Anything else is a prompt ``502`` saying why (the client's host is allowed:
+  what the registry sent kuikproxy to is what cannot be used).
+
+Token realms differ in one way: a trusted registry may name another port of its own host for
+its realm (a registry and its token server side by side on one machine is common), and token
+requests may go there (:meth:`AddressGuard.trust_realm`). A realm's answer is read for a token
+and never relayed to a client, so the realm cannot be used to read a local service; a
+redirect's answer is relayed, so a redirect never reaches such an endpoint on the registry's
+say-so — token requests use connections of their own (:class:`AiohttpTransport`).
+
+URLs reach messages and log lines through :func:`shown` only: never a query (signed storage
+URLs, tokens) or userinfo.
 """
 
 from __future__ import annotations
@@ -26,24 +41,27 @@ from dataclasses import replace
 from yarl import URL
 
 from kuikproxy.config import Config
-from kuikproxy.errors import RegistryError, UpstreamUnreachable
+from kuikproxy.errors import RegistryError, UpstreamTimeout, UpstreamUnreachable
 from kuikproxy.upstream.auth import (
     Challenge,
     TokenCache,
     basic,
     load_credentials,
     parse_challenge,
+    signer_of,
     token_of,
 )
-from kuikproxy.upstream.client import Transport, UpstreamRequest, UpstreamResponse
+from kuikproxy.upstream.client import Transport, UpstreamRequest, UpstreamResponse, shown
 from kuikproxy.upstream.guard import AddressGuard, Endpoint
 
 log = logging.getLogger(__name__)
 
 MAX_REDIRECTS = 5
 MAX_TOKEN_ANSWER = 64 * 1024
+MAX_SIGNERS = 1024
 TOKEN_TIMEOUT = 30.0
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_BAD_PORT = "a port that is not a number from 1 to 65535"
 Headers = tuple[tuple[str, str], ...]
 Observer = Callable[[str, str, int | None, Headers], None]
 TokenGate = Callable[[str], Awaitable[None]]  # awaited before a token request to a host's realm
@@ -96,14 +114,29 @@ class Registries:
                 self._tokens.forget(host)
         self._config = config
         self._tls: dict[str, ssl.SSLContext | bool] = {}
+        self._signers: dict[str, str | None] = {}
         if self._guard is not None:
-            self._guard.trusted = trusted_endpoints(config)
+            self._guard.configure(trusted_endpoints(config))
 
     def base(self, host: str) -> URL:
         return URL(self._config.registry(host).upstream_url(host))
 
     def has_credentials(self, host: str) -> bool:
         return self._config.registry(host).credentials is not None
+
+    def signer(self, host: str) -> str | None:
+        """The fingerprint of the credentials kuikproxy signs ``host``'s requests with (R5), None
+        when it holds none; read once per configuration (a rotated secret file keeps the
+        fingerprint until the next reload: answers stay with the account, not the password)."""
+        credentials = self._config.registry(host).credentials
+        if credentials is None:
+            return None
+        signers = self._signers
+        if host not in signers:
+            if len(signers) >= MAX_SIGNERS:  # hosts under a wildcard with default credentials
+                signers.clear()
+            signers[host] = signer_of(credentials, host)
+        return signers[host]
 
     def tls(self, host: str) -> ssl.SSLContext | bool:
         """How the host's certificate is checked: the system's roots, plus ``tls.caFile``, or
@@ -145,11 +178,14 @@ class Registries:
                 response = await self._follow(host, _with_auth(request, auth))
         return response
 
-    async def _follow(self, host: str, request: UpstreamRequest) -> UpstreamResponse:
-        """Send, following redirects of reads; credentials stay with their origin."""
+    async def _follow(
+        self, host: str, request: UpstreamRequest, via: str | None = None
+    ) -> UpstreamResponse:
+        """Send, following redirects of reads; credentials stay with their origin. ``via``
+        says where ``request`` goes when it is not to the host's registry (its token realm)."""
         request = replace(request, ssl=self.tls(host))
         origin = _origin(request.url)
-        response = await self._send(host, request)
+        response = await self._send(host, request, via)
         for _ in range(MAX_REDIRECTS):
             location = response.headers.get("Location")
             if (
@@ -159,33 +195,34 @@ class Registries:
             ):
                 return response
             response.release()
-            target = request.url.join(URL(location))
-            self._trust_beside(host, target)
+            target = _redirect_target(host, request.url, location)
             same = _origin(target) == origin
             headers = request.headers if same else _without_auth(request.headers)
             tls = self.tls(host) if same else True
             request = UpstreamRequest(request.method, target, headers, request.timeout, tls)
-            response = await self._send(host, request)
+            response = await self._send(host, request, "redirected")
         response.release()
         raise UpstreamUnreachable(f"{host}: more than {MAX_REDIRECTS} redirects")
 
-    async def _send(self, host: str, request: UpstreamRequest) -> UpstreamResponse:
-        """One request on the wire: counted, and logged by method and path only — headers
-        (credentials) and queries (signed storage URLs) never reach a log."""
-        where = f"{request.url.host}{request.url.path}"
+    async def _send(
+        self, host: str, request: UpstreamRequest, via: str | None = None
+    ) -> UpstreamResponse:
+        """One request on the wire: counted, and logged by method and :func:`shown` URL only
+        — headers (credentials) and queries (signed storage URLs) never reach a log. A failure
+        where the registry sent kuikproxy (``via``: a redirect, a realm) is the registry's
+        (502, or 504 for a timeout), named by host: its client's host is allowed."""
         try:
             response = await self.transport.send(request)
         except RegistryError as error:
             self._observe(host, request.method, None, ())
-            log.warning("%s: %s", host, error.message)  # the message names method and path
-            raise
+            log.warning("%s: %s", host, error.message)  # the message names method and URL
+            if via is None:
+                raise
+            kind = UpstreamTimeout if isinstance(error, UpstreamTimeout) else UpstreamUnreachable
+            raise kind(f"{host}: {via}: {error.message}") from error
         self._observe(host, request.method, response.status, tuple(response.headers.items()))
-        log.debug("%s: %s %s -> %d", host, request.method, where, response.status)
+        log.debug("%s: %s %s -> %d", host, request.method, shown(request.url), response.status)
         return response
-
-    def _trust_beside(self, host: str, named: URL) -> None:
-        if self._guard is not None:
-            self._guard.trust_beside(_endpoint(self.base(host)), _endpoint(named))
 
     def _cached(self, host: str, scope: str) -> str | None:
         token = self._tokens.get(host, scope, self._clock())
@@ -220,18 +257,23 @@ class Registries:
         ):
             log.warning("%s: not sending credentials to plain-http realm %s", host, realm.host)
             user = None
-        self._trust_beside(host, realm)
+        if self._guard is not None:
+            self._guard.trust_realm(_endpoint(self.base(host)), _endpoint(realm))
         query = {"service": challenge.params.get("service", host)}
         wanted = challenge.params.get("scope") or scope
         if wanted:
             query["scope"] = wanted
         headers: Headers = (("Authorization", basic(*user)),) if user is not None else ()
         token_request = UpstreamRequest(
-            "GET", realm.update_query(query), headers, min(timeout or TOKEN_TIMEOUT, TOKEN_TIMEOUT)
+            "GET",
+            realm.update_query(query),
+            headers,
+            min(timeout or TOKEN_TIMEOUT, TOKEN_TIMEOUT),
+            realm=True,
         )
         if self._before_token is not None:
             await self._before_token(host)
-        async with await self._follow(host, token_request) as answer:
+        async with await self._follow(host, token_request, "token realm") as answer:
             body = await answer.read(MAX_TOKEN_ANSWER)
             status = answer.status
         found = token_of(body) if status == 200 else None
@@ -245,6 +287,39 @@ class Registries:
 
 def _endpoint(url: URL) -> Endpoint:
     return (url.host or "", url.port or 0)
+
+
+def _redirect_target(host: str, current: URL, location: str) -> URL:
+    """Where ``location`` sends a read of ``current``, or a 502 saying why it is not followed.
+    The Location itself is never echoed: its query may be a signature, and a URL too broken to
+    parse cannot be shown without it."""
+
+    def refused(why: str) -> UpstreamUnreachable:
+        error = UpstreamUnreachable(f"{host}: redirect not followed: {why}")
+        log.warning("%s", error.message)  # as a failure on the wire is (_send)
+        return error
+
+    if not location:
+        raise refused("an empty Location")
+    # RFC 3986 has no room for them, and yarl would quietly drop some (CR, LF, tab)
+    if any(c.isspace() or not c.isprintable() for c in location):
+        raise refused("a malformed Location (whitespace or a control character)")
+    try:
+        named = URL(location)
+        target = current.join(named)
+        port = target.port
+    except ValueError as error:  # yarl's message may quote the authority, userinfo and all
+        why = _BAD_PORT if "port" in str(error).lower() else "a malformed Location"
+        raise refused(why) from None
+    if target.scheme not in ("http", "https"):
+        raise refused(f"a {target.scheme}: URL (only http and https are followed)")
+    if (named.scheme or location.startswith("//")) and not named.host:
+        raise refused("a Location with no host")
+    if "@" in (named.raw_authority or ""):  # RFC 9110 §4.2.4: treat userinfo as an error
+        raise refused("a Location with userinfo")
+    if not port:
+        raise refused(_BAD_PORT)
+    return target
 
 
 def _scope_of(url: URL) -> str:

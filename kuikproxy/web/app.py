@@ -28,11 +28,13 @@ from kuikproxy.errors import (
 )
 from kuikproxy.fleet.backend import FleetBackend
 from kuikproxy.forward.front import Forwarding
+from kuikproxy.runtime.content import content_of
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.fleet import FleetView
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest, forwarded
 from kuikproxy.runtime.metrics import Metrics
 from kuikproxy.runtime.pacer import Pacer
+from kuikproxy.runtime.pings import KeptPings
 from kuikproxy.runtime.watch import FileWatch
 from kuikproxy.runtime.windowlog import WindowLog
 from kuikproxy.upstream.client import (
@@ -44,13 +46,13 @@ from kuikproxy.upstream.client import (
 from kuikproxy.upstream.guard import AddressGuard
 from kuikproxy.upstream.registries import Registries
 from kuikproxy.web import status as status_models
-from kuikproxy.web.classify import Target, classify
+from kuikproxy.web.classify import Target, auth_key, classify
 from kuikproxy.web.keys import (
     CURRENT,
     FORWARDING,
     METRICS,
     PACER,
-    PING_CACHE,
+    PINGS,
     REGISTRIES,
     RELOADER,
     WINDOW_LOG,
@@ -63,7 +65,6 @@ from kuikproxy.web.reload import Current, Reloader
 
 log = logging.getLogger(__name__)
 
-PING_TTL = 60.0  # §4.1: a host's /v2/ answer is kept this long
 STALE_WARNING = '110 - "Response is Stale"'  # RFC 7234 §5.5.1, as SPEC §11 asks
 READ_METHODS = frozenset({"GET", "HEAD"})
 MAX_PING_BODY = 64 * 1024
@@ -108,12 +109,15 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
                 pacer.flow,
                 paced=settings.paced,
                 proxy_authorization=proxy_authorization,
+                signer=registries.signer(host),
             )
             operation, cache = read.operation.value.capitalize(), "miss"
             if not settings.paced:  # a destination kuik owns (§4.3): straight through
                 async with pacer.upstream(read):
                     upstream = _upstream(read, registries)
-                    response = await stream(request, registries, host, upstream, ns)
+                    response = await stream(
+                        request, registries, host, upstream, ns, content=content_of(read.image)
+                    )
                 return response
             if read.gate.paced_exempt and read.flow.exempt:
                 response, cache = await exempt(request, read, settings, ns)
@@ -135,7 +139,9 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
                     async with pacer.upstream(read):
                         timeout = _timeout(outcome, read, settings, pacer.loop.time())
                         upstream = _upstream(read, registries, timeout)
-                        response = await stream(request, registries, host, upstream, ns)
+                        response = await stream(
+                            request, registries, host, upstream, ns, content=content_of(read.image)
+                        )
                 finally:
                     outcome.done()
     except RegistryError as error:
@@ -164,7 +170,10 @@ async def exempt(
     if until is None:
         upstream = _upstream(read, registries, settings.check.timeout or None)
         async with read.flow.seat():  # never waits: counted as executing
-            return await stream(request, registries, read.host, upstream, ns), "miss"
+            content = content_of(read.image)
+            return await stream(
+                request, registries, read.host, upstream, ns, content=content
+            ), "miss"
     kept = pacer.kept.find(read)
     if kept is None:
         raise TooManyRequests(
@@ -238,26 +247,26 @@ async def ping(
 async def _ping(
     request: web.Request, host: str, settings: RegistrySettings, ns: str | None
 ) -> web.StreamResponse:
-    cache = request.app[PING_CACHE]
+    pings, registries = request.app[PINGS], request.app[REGISTRIES]
     now = request.app[PACER].loop.time()
-    kept = cache.get(host)
-    if kept is None or now - kept[0] >= PING_TTL:
-        registries = request.app[REGISTRIES]
-        url = registries.base(host).with_path("/v2/")
-        timeout = settings.check.timeout or None
-        upstream = UpstreamRequest("GET", url, forwarded(request.headers), timeout)
-        # kuikproxy signs in for clients only where it holds credentials; elsewhere clients
-        # must see the registry's challenge to sign in themselves (docs/decisions.md)
-        signed = registries.has_credentials(host)
-        async with await registries.send(host, upstream, authenticate=signed) as answer:
-            headers = tuple(end_to_end(answer.headers).items())
-            body = await answer.read(MAX_PING_BODY)
-        if answer.status >= 500:
-            raise UpstreamUnreachable(f"{host} answered /v2/ with {answer.status}")
-        kept = (now, Answer(answer.status, headers, body, "GET", now, None))
-        if answer.status in (200, 401):
-            cache[host] = kept
-    return answer_response(request, kept[1], ns)
+    # kuikproxy signs in for clients only where it holds credentials; elsewhere clients
+    # must see the registry's challenge to sign in themselves (docs/decisions.md)
+    signed = registries.has_credentials(host)
+    auth, signer = auth_key(request), registries.signer(host) if signed else None
+    kept = pings.find(host, auth, signer, now)
+    if kept is not None:
+        return answer_response(request, kept, ns)
+    url = registries.base(host).with_path("/v2/")
+    timeout = settings.check.timeout or None
+    upstream = UpstreamRequest("GET", url, forwarded(request.headers), timeout)
+    async with await registries.send(host, upstream, authenticate=signed) as answered:
+        headers = tuple(end_to_end(answered.headers).items())
+        body = await answered.read(MAX_PING_BODY)
+    if answered.status >= 500:
+        raise UpstreamUnreachable(f"{host} answered /v2/ with {answered.status}")
+    answer = Answer(answered.status, headers, body, "GET", now, auth, None if auth else signer)
+    pings.keep(host, answer)
+    return answer_response(request, answer, ns)  # whole to this client: its own cookies
 
 
 async def not_found(request: web.Request) -> web.StreamResponse:
@@ -341,7 +350,7 @@ def build_app(
         authority = Authority(forward.ca.cert_file, forward.ca.key_file)
         app[FORWARDING] = Forwarding(lambda: current.config, authority)
     app[WINDOW_LOG] = WindowLog()
-    app[PING_CACHE] = {}
+    app[PINGS] = KeptPings()
     lifecycle = _Lifecycle(config, transport, config_path, fleet)
     app.on_startup.append(lifecycle.start)
     app.on_shutdown.append(lifecycle.stop)

@@ -26,7 +26,7 @@ from kuikproxy.core.images import (
     parse_repository,
 )
 from kuikproxy.core.scheduler import Operation
-from kuikproxy.errors import Denied, NameInvalid, NotFound
+from kuikproxy.errors import Denied, NameInvalid, NameUnknown, NotFound
 from kuikproxy.runtime.flow import FlowGate
 from kuikproxy.runtime.messages import KUIK_OPERATION, RegistryRequest
 
@@ -58,7 +58,7 @@ def parse_route(raw_path: str) -> Route:
         name, marker, reference = rest.rpartition(f"/{kind}/")
         if marker:
             if not name or not reference or "/" in reference:
-                raise NameInvalid(f"invalid path {raw_path[:200]!r}")
+                raise NameUnknown(f"invalid path {raw_path[:200]!r}")
             return Route(kind, name, reference)
     raise NotFound(f"kuikproxy does not serve {raw_path[:200]!r}")
 
@@ -246,9 +246,11 @@ def classify(
     *,
     paced: bool = True,
     proxy_authorization: str | None = None,
+    signer: str | None = None,
 ) -> RegistryRequest:
     """A manifest, blob, tag list or referrers read as the runtime paces it (§4.1, §4.3); its
-    priority level and flow (§10) are found by ``flows`` when first needed."""
+    priority level and flow (§10) are found by ``flows`` when first needed. ``signer`` is the
+    fingerprint of kuikproxy's own credentials for the host, if it holds any (R5)."""
     if image.route == BLOBS:
         operation, opens = Operation.COPY, False
     elif image.route in (TAGS, REFERRERS):
@@ -272,4 +274,5 @@ def classify(
         gate=flows,
         query=tuple((k, v) for k, v in query if k != "ns"),
         paced=paced,
+        signer=signer,
     )

@@ -5,9 +5,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from kuikproxy.forward.front import Forwarding
-from kuikproxy.runtime.messages import Answer
 from kuikproxy.runtime.metrics import Metrics
 from kuikproxy.runtime.pacer import Pacer
+from kuikproxy.runtime.pings import KeptPings
 from kuikproxy.runtime.windowlog import WindowLog
 from kuikproxy.upstream.registries import Registries
 from kuikproxy.web.reload import Current, Reloader
@@ -19,4 +19,4 @@ PACER = web.AppKey("pacer", Pacer)
 REGISTRIES = web.AppKey("registries", Registries)
 METRICS = web.AppKey("metrics", Metrics)
 WINDOW_LOG = web.AppKey("window_log", WindowLog)
-PING_CACHE = web.AppKey("ping_cache", dict[str, tuple[float, Answer]])
+PINGS = web.AppKey("pings", KeptPings)

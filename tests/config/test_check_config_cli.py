@@ -11,6 +11,7 @@ import pytest
 
 from kuikproxy.cli import main
 from kuikproxy.config import Config
+from tests.config.test_config_loading import NO_DOCUMENT, nothing_in
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "config.yaml"
 
@@ -101,3 +102,30 @@ def test_serve_calls_run(with_file: bool, monkeypatch: pytest.MonkeyPatch, tmp_p
     [(config, kwargs)] = calls
     assert kwargs == {"config_path": str(path) if with_file else None}
     assert config.listen == (":9999" if with_file else "127.0.0.1:7439")
+
+
+@pytest.mark.parametrize(
+    ("command", "code"), [("check-config", 1), ("serve", 2)], ids=["check-config", "serve"]
+)
+@pytest.mark.parametrize("text", NO_DOCUMENT.values(), ids=NO_DOCUMENT.keys())
+def test_a_file_without_a_document_is_refused_at_start(
+    command: str,
+    code: int,
+    text: str,
+    *,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A named file with nothing in it is an invalid config, not the embedded default:
+    check-config exits 1 and serve refuses to start (2), both saying why on stderr."""
+    server = types.ModuleType("kuikproxy.web.server")
+    server.run = lambda config, **kwargs: pytest.fail("serve started")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "kuikproxy.web.server", server)
+    path = tmp_path / "kuik.yaml"
+    path.write_text(text)
+    argv = [command, str(path)] if command == "check-config" else [command, "--config", str(path)]
+    assert main(argv) == code
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == nothing_in(path) + "\n"

@@ -53,9 +53,49 @@ def test_embedded_default_values() -> None:
     assert settings.tls == TLSSettings(ca_file=None, insecure_skip_verify=False)
 
 
+NO_DOCUMENT = {
+    "empty": "",
+    "blank": "  \n\n    \n",
+    "comments": "# the registries are below\n# (they are not)\n",
+    "null": "null\n",
+    "tilde": "~\n",
+    "document-start": "---\n",
+    "document-start-and-end": "--- # nothing\n...\n",
+}
+"""Files that hold no YAML document, or only a null one: the config names nothing."""
+
+
+def nothing_in(path: Path) -> str:
+    """The error for a file in :data:`NO_DOCUMENT`: it names the file and says how to ask for
+    the embedded default."""
+    return (
+        f"{path}: no configuration in it (empty, comments only or null); "
+        "write {} to run on the embedded default"
+    )
+
+
+@pytest.mark.parametrize("text", NO_DOCUMENT.values(), ids=NO_DOCUMENT.keys())
+def test_a_file_without_a_document_is_refused(tmp_path: Path, text: str) -> None:
+    """A file with nothing in it is refused, never read as the embedded default: the file was
+    named, and one truncated or emptied by mistake would otherwise drop every host it
+    configures."""
+    path = tmp_path / "kuikproxy.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert caught.value.errors == [nothing_in(path)]
+
+
+def test_a_file_of_an_empty_mapping_is_the_embedded_default(tmp_path: Path) -> None:
+    """``{}`` asks for the embedded default in so many words."""
+    path = tmp_path / "kuikproxy.yaml"
+    path.write_text("{}\n")
+    assert load_config(path) == load_config(None)
+
+
 @pytest.mark.parametrize("text", ["", "# only a comment\n", "{}"])
-def test_empty_file_is_the_embedded_default(text: str) -> None:
-    """An empty file (or only comments) runs on the embedded default."""
+def test_an_empty_text_is_the_embedded_default(text: str) -> None:
+    """Text given in code (not a file an operator named) may leave everything out."""
     assert parse_config(text) == load_config(None)
 
 

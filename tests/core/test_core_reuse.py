@@ -10,6 +10,8 @@ from kuikproxy.core.reuse import (
     fresh_for,
     is_kept_status,
     method_serves,
+    owner_key,
+    owners_serving,
     shared_with,
 )
 from kuikproxy.core.scheduler import Hold, Reuse
@@ -133,11 +135,59 @@ def test_r5_answer_read_with_a_clients_authorization_serves_only_the_identical_o
     """``shared_with``: an answer obtained with a client's own Authorization is reused only for
     the identical Authorization; an anonymous (or kuikproxy-credential) answer serves everyone,
     except that a shared refusal is not given to a client bringing its own credentials."""
-    assert shared_with("k1", 200, "k1")
-    assert not shared_with("k1", 200, "k2")
-    assert not shared_with("k1", 200, None)
-    assert shared_with(None, 200, None)
-    assert shared_with(None, 200, "k1")
-    assert shared_with(None, 401, None)
-    assert not shared_with(None, 401, "k1")
-    assert not shared_with(None, 404, "k1")
+    assert shared_with("k1", None, 200, "k1", None)
+    assert not shared_with("k1", None, 200, "k2", None)
+    assert not shared_with("k1", None, 200, None, None)
+    assert shared_with(None, None, 200, None, None)
+    assert shared_with(None, None, 200, "k1", None)
+    assert shared_with(None, None, 401, None, None)
+    assert not shared_with(None, None, 401, "k1", None)
+    assert not shared_with(None, None, 404, "k1", None)
+
+
+# (kept auth, kept signer, status, request auth, request signer) → may serve. "own" is the
+# fingerprint of the credentials kuikproxy signs with; "other" another proxy's (a fleet), or
+# this one's before a reload changed them.
+R5_CASES = [
+    # read with kuikproxy's own credentials: shared while it holds the same ones
+    ((None, "own", 200, None, "own"), True),
+    ((None, "own", 200, "k1", "own"), True),
+    ((None, "own", 404, None, "own"), True),
+    ((None, "own", 404, "k1", "own"), False),
+    ((None, "own", 200, None, None), False),  # a proxy without credentials
+    ((None, "own", 200, None, "other"), False),  # other credentials
+    ((None, "own", 200, "k1", None), False),
+    ((None, "own", 401, None, None), False),
+    # read anonymously: a 200 is public; a refusal serves only requests sent anonymously too
+    ((None, None, 200, None, "own"), True),
+    ((None, None, 401, None, "own"), False),  # kuikproxy's credentials may open it
+    ((None, None, 404, None, "own"), False),
+    ((None, None, 403, None, None), True),
+    # read with a client's own Authorization: only the identical one, whatever the signer
+    (("k1", None, 200, "k1", "own"), True),
+    (("k1", None, 401, "k1", None), True),
+    (("k1", None, 200, None, "own"), False),
+    (("k1", None, 200, "k2", None), False),
+]
+
+
+@pytest.mark.parametrize(("whose", "serves"), R5_CASES)
+def test_r5_shared_answers_serve_only_where_their_credentials_are_held(
+    whose: tuple[str | None, str | None, int, str | None, str | None], serves: bool
+) -> None:
+    """R5 across identities: an answer read with kuikproxy's own credentials serves every
+    client of a proxy that holds those credentials, never one that holds none or others (a
+    fleet's other proxies, a reload); an anonymous refusal is not given where kuikproxy would
+    sign in; a client's own answer serves only the identical Authorization."""
+    assert shared_with(*whose) is serves
+
+
+def test_r5_owner_keys_name_every_answer_a_request_may_be_given() -> None:
+    """The owner keys looked up for a request are anonymous, kuikproxy's (when it signs) and
+    the client's own; each identity is its own key."""
+    assert owners_serving(None, None) == (None,)
+    assert owners_serving(None, "f") == (None, "own:f")
+    assert owners_serving("k1", "f") == (None, "own:f", "k1")
+    assert owner_key("k1", "f") == "k1"
+    assert owner_key(None, "f") == "own:f"
+    assert owner_key(None, None) is None

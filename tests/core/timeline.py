@@ -74,7 +74,7 @@ class Timeline:
         kept_at = None
         if key in self.kept:
             at, kept_auth = self.kept[key]
-            kept_at = at if shared_with(kept_auth, 200, auth) else None
+            kept_at = at if shared_with(kept_auth, None, 200, auth, None) else None
         decision = self.sched.check(resource, img(key), now, auth=auth, kept_at=kept_at)
         if isinstance(decision, Hold):
             self.held[decision.ticket.id] = decision.ticket

@@ -20,6 +20,7 @@ from tests.monitoring import (
     datasources,
     promtool,
 )
+from tests.upstream_app import blob_digest
 
 DS = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
 
@@ -128,7 +129,7 @@ async def test_metrics_pass_promtool_lint_after_a_small_scenario(proxy: ProxyFac
     manifest = await client.get(f"/v2/app/manifests/v2?ns={HOST}", headers=headers)
     assert manifest.status == 200
     await manifest.read()
-    blob = await client.get(f"/v2/app/blobs/sha256:{'a' * 64}?ns={HOST}", headers=headers)
+    blob = await client.get(f"/v2/app/blobs/{blob_digest('a')}?ns={HOST}", headers=headers)
     assert blob.status == 200
     await blob.read()
     refused = await client.head("/v2/app/manifests/v1?ns=elsewhere.example")

@@ -19,11 +19,12 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.config import parse_config
 from kuikproxy.web.app import build_app
+from tests.upstream_app import blob_digest
 
 pytestmark = pytest.mark.looptime
 
 HOST = "r.azurecr.test"
-DIGEST = "sha256:" + "e" * 64
+DIGEST = blob_digest("e")
 BLOB = f"/v2/app/blobs/{DIGEST}?ns={HOST}"
 
 

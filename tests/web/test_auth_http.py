@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.config import parse_config
 from kuikproxy.web.app import build_app
+from tests.upstream_app import digest_of
 from tests.web.token_registry import TokenRegistry, storage_app
 
 pytestmark = pytest.mark.looptime
@@ -60,7 +61,9 @@ def start(
             block += f"    credentials: {{dockerConfigFile: {tmp_path}/config.json}}\n"
         if quota is not None:
             block += f"    quota: {quota}\n"
-        app = build_app(parse_config(f"registries:\n  {HOST}:\n    {block}"))
+        # the storage a blob redirects to is on loopback: followed only as a configured endpoint
+        storage_host = f"  storage.test:\n    upstream: http://127.0.0.1:{storage.port}\n"
+        app = build_app(parse_config(f"registries:\n  {HOST}:\n    {block}{storage_host}"))
         client = await aiohttp_client(app, server_kwargs={"handler_cancellation": True})
         return client, fake
 
@@ -197,7 +200,7 @@ async def test_blob_redirect_is_followed_without_authorization_to_another_origin
     """A registry that redirects a blob to storage on another origin: kuikproxy follows the
     redirect itself and never sends the registry's Authorization there."""
     client, fake = await start("file")
-    digest = "sha256:" + "a" * 64
+    digest = digest_of(b"layer-bytes")  # what the storage serves: kuikproxy checks it
     response = await client.get(f"/v2/private/app/blobs/{digest}?ns={HOST}")
     assert response.status == 200
     assert await response.read() == b"layer-bytes"

@@ -7,13 +7,13 @@ import asyncio
 import pytest
 
 from tests.conftest import HOST, ProxyFactory
-from tests.upstream_app import Registry, digest_of, manifest_of
+from tests.upstream_app import Registry, blob_digest, digest_of, manifest_of
 
 pytestmark = pytest.mark.looptime
 
 INTERVAL = 0.2
-BLOB = "sha256:" + "b" * 64
-OTHER_BLOB = "sha256:" + "c" * 64
+BLOB = blob_digest("b")
+OTHER_BLOB = blob_digest("c")
 
 
 def get(client, path: str, resource: str):  # type: ignore[no-untyped-def]

@@ -51,7 +51,10 @@ async def forward_proxy(
     aiohttp_server: Callable[..., Awaitable[TestServer]],
     tmp_path: Path,
     tunnel_hosts: tuple[str, ...] = (),
+    more_hosts: tuple[str, ...] = (),
 ) -> AsyncIterator[Setup]:
+    """kuikproxy as a forward proxy for the two registries; ``more_hosts`` get an empty
+    registries block each: allowed, and never read unless a test sends them a request."""
     secure, plain = Registry(), Registry()
     cert, key = self_signed(tmp_path)
     upstream_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -73,6 +76,7 @@ async def forward_proxy(
         f"  {PLAIN}:{http.port}:\n"
         f"    upstream: http://127.0.0.1:{http.port}\n"
         "    check: {interval: 50ms}\n    copy: {interval: 50ms}\n"
+        + "".join(f"  {json.dumps(host)}: {{}}\n" for host in more_hosts)
     )
     app = build_app(load_config(config_file), config_path=str(config_file))
     runner = web.AppRunner(app, handler_cancellation=True)
@@ -176,9 +180,8 @@ async def test_a_connect_to_a_host_not_allowed_is_refused(
         (b"CONNECT registry.test HTTP/1.1\r\n\r\n", b"400"),  # no port
         (b"CONNECT a b c\r\n\r\n", b"400"),
         (b"CONNECT registry.test:443 HTTP/1.1\r\n\r\nearly bytes", b"400"),
-        (b"CONNECT x:1 HTTP/1.1\r\n" + b"X: " + b"y" * 20000, b"431"),
     ],
-    ids=["no-port", "bad-line", "early-data", "huge-head"],
+    ids=["no-port", "bad-line", "early-data"],  # heads too large: test_hostile_forward.py
 )
 async def test_a_malformed_connect_is_refused_and_the_proxy_keeps_serving(
     aiohttp_server: Callable[..., Awaitable[TestServer]],

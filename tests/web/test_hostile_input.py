@@ -145,27 +145,27 @@ def get(path: str, *headers: str) -> str:
 CHECK = f"/v2/app/manifests/t?{NS}"
 
 CASES = [
-    # -- path traversal and malformed names (400 NAME_INVALID) -----------------------------
-    refused("traversal-leading", get("/v2/../x/manifests/t"), 400, "NAME_INVALID"),
-    refused("traversal-up-two", get("/v2/app/../../manifests/t"), 400, "NAME_INVALID"),
-    refused("traversal-encoded", get("/v2/%2e%2e/x/manifests/t"), 400, "NAME_INVALID"),
-    refused("traversal-mixed-case", get("/v2/app/%2E%2e/.%2e/manifests/t"), 400, "NAME_INVALID"),
-    refused("dot-segment", get("/v2/./app/manifests/t"), 400, "NAME_INVALID"),
-    refused("encoded-slash", get("/v2/app%2fx/manifests/t"), 400, "NAME_INVALID"),
-    refused("double-slash-in-name", get("/v2/a//b/manifests/t"), 400, "NAME_INVALID"),
-    refused("leading-empty-segment", get("/v2//app/manifests/t"), 400, "NAME_INVALID"),
-    refused("trailing-empty-segment", get("/v2/app//manifests/t"), 400, "NAME_INVALID"),
-    refused("empty-name", get("/v2//manifests/t"), 400, "NAME_INVALID"),
-    refused("uppercase-name", get("/v2/App/manifests/t"), 400, "NAME_INVALID"),
-    refused("name-256-chars", get(f"/v2/{'a' * 256}/manifests/t"), 400, "NAME_INVALID"),
-    refused("name-256-in-parts", get(f"/v2/{'a/' * 127}ab/manifests/t"), 400, "NAME_INVALID"),
-    refused("empty-reference", get("/v2/app/manifests/"), 400, "NAME_INVALID"),
-    # -- malformed tags (400 MANIFEST_INVALID) --------------------------------------------
-    refused("tag-129-chars", get(f"/v2/app/manifests/{'t' * 129}"), 400, "MANIFEST_INVALID"),
-    refused("tag-leading-dash", get("/v2/app/manifests/-t"), 400, "MANIFEST_INVALID"),
-    refused("tag-leading-dot", get("/v2/app/manifests/.t"), 400, "MANIFEST_INVALID"),
-    refused("tag-bang", get("/v2/app/manifests/v1!"), 400, "MANIFEST_INVALID"),
-    refused("tag-encoded-space", get("/v2/app/manifests/v%201"), 400, "MANIFEST_INVALID"),
+    # -- path traversal and malformed names (404 NAME_UNKNOWN: §12 gives reads no 400) ---
+    refused("traversal-leading", get("/v2/../x/manifests/t"), 404, "NAME_UNKNOWN"),
+    refused("traversal-up-two", get("/v2/app/../../manifests/t"), 404, "NAME_UNKNOWN"),
+    refused("traversal-encoded", get("/v2/%2e%2e/x/manifests/t"), 404, "NAME_UNKNOWN"),
+    refused("traversal-mixed-case", get("/v2/app/%2E%2e/.%2e/manifests/t"), 404, "NAME_UNKNOWN"),
+    refused("dot-segment", get("/v2/./app/manifests/t"), 404, "NAME_UNKNOWN"),
+    refused("encoded-slash", get("/v2/app%2fx/manifests/t"), 404, "NAME_UNKNOWN"),
+    refused("double-slash-in-name", get("/v2/a//b/manifests/t"), 404, "NAME_UNKNOWN"),
+    refused("leading-empty-segment", get("/v2//app/manifests/t"), 404, "NAME_UNKNOWN"),
+    refused("trailing-empty-segment", get("/v2/app//manifests/t"), 404, "NAME_UNKNOWN"),
+    refused("empty-name", get("/v2//manifests/t"), 404, "NAME_UNKNOWN"),
+    refused("uppercase-name", get("/v2/App/manifests/t"), 404, "NAME_UNKNOWN"),
+    refused("name-256-chars", get(f"/v2/{'a' * 256}/manifests/t"), 404, "NAME_UNKNOWN"),
+    refused("name-256-in-parts", get(f"/v2/{'a/' * 127}ab/manifests/t"), 404, "NAME_UNKNOWN"),
+    refused("empty-reference", get("/v2/app/manifests/"), 404, "NAME_UNKNOWN"),
+    # -- malformed tags (404 MANIFEST_UNKNOWN) -------------------------------------------
+    refused("tag-129-chars", get(f"/v2/app/manifests/{'t' * 129}"), 404, "MANIFEST_UNKNOWN"),
+    refused("tag-leading-dash", get("/v2/app/manifests/-t"), 404, "MANIFEST_UNKNOWN"),
+    refused("tag-leading-dot", get("/v2/app/manifests/.t"), 404, "MANIFEST_UNKNOWN"),
+    refused("tag-bang", get("/v2/app/manifests/v1!"), 404, "MANIFEST_UNKNOWN"),
+    refused("tag-encoded-space", get("/v2/app/manifests/v%201"), 404, "MANIFEST_UNKNOWN"),
     # -- malformed digests (400 DIGEST_INVALID) -------------------------------------------
     refused("digest-md5", get(f"/v2/app/manifests/md5:{'a' * 32}"), 400, "DIGEST_INVALID"),
     refused("digest-uppercase-hex", get(f"/v2/app/blobs/sha256:{'A' * 64}"), 400, "DIGEST_INVALID"),
@@ -355,8 +355,8 @@ CASES = [
     refused(
         "http10-bad-name",
         req("GET", f"/v2/App/manifests/t?{NS}", version="HTTP/1.0", host=False, close=False),
-        400,
-        "NAME_INVALID",
+        404,
+        "NAME_UNKNOWN",
     ),
     Case(
         "pipelined",
@@ -368,7 +368,7 @@ CASES = [
         + req("GET", "/healthz"),
         (
             (200, None),
-            (400, "NAME_INVALID"),
+            (404, "NAME_UNKNOWN"),
             (405, "UNSUPPORTED"),
             (400, "DIGEST_INVALID"),
             (200, None),

@@ -13,11 +13,12 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.config import parse_config
 from kuikproxy.web.app import build_app
+from tests.upstream_app import blob_digest
 
 pytestmark = pytest.mark.looptime
 
 HOST = "acr.test"
-DIGEST = "sha256:" + "f" * 64
+DIGEST = blob_digest("f")
 
 
 def basic(user: str) -> str:

@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from kuikproxy.config import load_config
 from kuikproxy.web.app import build_app
 from kuikproxy.web.keys import PACER, RELOADER
+from tests.config.test_config_loading import NO_DOCUMENT, nothing_in
 from tests.conftest import HOST, head
 from tests.upstream_app import Registry
 from tests.web.many import proxy
@@ -110,6 +111,29 @@ async def test_an_invalid_file_keeps_the_running_config_and_shows_why(
     assert document["registries"][HOST]["check"]["interval"] == "400ms"
     metrics = await (await client.get("/metrics")).text()
     assert 'kuik_proxy_config_reloads_total{result="success"} 1.0' in metrics
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("text", NO_DOCUMENT.values(), ids=NO_DOCUMENT.keys())
+async def test_a_file_emptied_is_refused_like_an_invalid_one(
+    start: Any, registry: tuple[Registry, TestServer], text: str
+) -> None:
+    """A file truncated or emptied (nothing, blanks, comments, null, a bare ``---``) is not
+    the embedded default, which would refuse every host the file configures: the reload is
+    refused, /status says why, the error is counted, and the configured host is still
+    served on its own intervals."""
+    fake, _ = registry
+    client, path = await start()
+    path.write_text(text)
+    assert not client.server.app[RELOADER].reload()
+    document = await status(client)
+    assert document["config"]["generation"] == 1
+    assert document["config"]["lastError"] == nothing_in(path)
+    assert document["registries"][HOST]["check"]["interval"] == "200ms"
+    assert (await head(client, "a")).status == 200
+    assert [s.path for s in fake.reads()] == ["/v2/app/manifests/a"]
+    metrics = await (await client.get("/metrics")).text()
+    assert 'kuik_proxy_config_reloads_total{result="error"} 1.0' in metrics
 
 
 @pytest.mark.looptime

@@ -1,0 +1,221 @@
+"""Content addressing: what a registry answers by digest is that digest's content, or nothing.
+
+The registry here lies in one way per case — a body that is not its digest's, a
+``Docker-Content-Digest`` that is not its body's, an encoding kuikproxy did not ask for — and
+each case says what the client gets: a ``502`` before a byte of a manifest is served, a broken
+connection at the end of a blob (never a clean end), a tag's answer under its body's true
+digest. Nothing that failed a check is kept or given to another resource.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from kuikproxy.config import parse_config
+from kuikproxy.web.app import build_app
+from tests.upstream_app import MANIFEST_TYPE, digest_of
+
+pytestmark = pytest.mark.looptime
+
+HOST = "registry.test"
+GOOD = b'{"schemaVersion":2,"mediaType":"' + MANIFEST_TYPE.encode() + b'","layers":[]}'
+GOOD_DIGEST = digest_of(GOOD)
+EVIL = GOOD.replace(b"[]", b'[{"evil":1}]')
+EVIL_DIGEST = digest_of(EVIL)
+GOOD512 = "sha512:" + hashlib.sha512(GOOD).hexdigest()
+BLOB = b"layer" * 1000
+BLOB_DIGEST = digest_of(BLOB)
+
+Client = TestClient[Any, Any]
+
+
+@dataclass
+class Lie:
+    """How the registry answers one path: the body, the digest it announces, extra headers."""
+
+    body: bytes
+    digest: str | None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class LyingRegistry:
+    lies: dict[str, Lie] = field(default_factory=dict)  # reference → answer
+    seen: list[tuple[str, str, str | None]] = field(default_factory=list)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/v2/{name:.+}/{route:manifests|blobs}/{reference}", self.serve)
+        return app
+
+    async def serve(self, request: web.Request) -> web.StreamResponse:
+        self.seen.append((request.method, request.path, request.headers.get("Accept-Encoding")))
+        lie = self.lies[request.match_info["reference"]]
+        headers = {"Content-Type": MANIFEST_TYPE, **lie.headers}
+        if lie.digest is not None:
+            headers["Docker-Content-Digest"] = lie.digest
+        if request.match_info["route"] == "blobs":
+            headers["Content-Type"] = "application/octet-stream"
+        response = web.StreamResponse(headers=headers)
+        response.content_length = len(lie.body)
+        await response.prepare(request)
+        if request.method == "GET":
+            await response.write(lie.body)
+        await response.write_eof()
+        return response
+
+
+@dataclass(frozen=True)
+class Case:
+    """A read (``method``, ``path`` under the repository) of a registry that answers ``lie``;
+    the client gets ``status`` (None: the connection is broken off after the body), and the
+    ``Docker-Content-Digest`` ``digest`` when it gets a 200."""
+
+    id: str
+    method: str
+    path: str
+    reference: str
+    lie: Lie
+    status: int | None
+    digest: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+CASES = [
+    Case("manifest-by-digest-other-body", "GET", "manifests", GOOD_DIGEST,
+         Lie(EVIL, GOOD_DIGEST), 502),
+    Case("manifest-by-digest-other-body-no-header", "GET", "manifests", GOOD_DIGEST,
+         Lie(EVIL, None), 502),
+    Case("manifest-by-digest-announces-other", "GET", "manifests", GOOD_DIGEST,
+         Lie(GOOD, EVIL_DIGEST), 502),
+    Case("manifest-head-by-digest-announces-other", "HEAD", "manifests", GOOD_DIGEST,
+         Lie(GOOD, EVIL_DIGEST), 502),
+    Case("manifest-by-digest-as-check", "GET", "manifests", GOOD_DIGEST,
+         Lie(EVIL, GOOD_DIGEST), 502, headers=(("Kuik-Operation", "check"),)),
+    Case("manifest-by-sha512-other-body", "GET", "manifests", GOOD512,
+         Lie(EVIL, GOOD512), 502),
+    Case("manifest-gzip-encoded", "GET", "manifests", "v1",
+         Lie(GOOD, GOOD_DIGEST, {"Content-Encoding": "gzip"}), 502),
+    Case("manifest-by-digest-gzip-encoded", "GET", "manifests", GOOD_DIGEST,
+         Lie(GOOD, GOOD_DIGEST, {"Content-Encoding": "gzip"}), 502),
+    Case("tag-announces-other-digest", "GET", "manifests", "v1",
+         Lie(GOOD, EVIL_DIGEST), 200, GOOD_DIGEST),
+    Case("tag-announces-no-digest", "GET", "manifests", "v1", Lie(GOOD, None), 200, GOOD_DIGEST),
+    Case("tag-announces-malformed-digest", "GET", "manifests", "v1",
+         Lie(GOOD, "sha256:zzz"), 200, GOOD_DIGEST),
+    Case("tag-check-announces-other-digest", "GET", "manifests", "v1",
+         Lie(GOOD, EVIL_DIGEST), 200, GOOD_DIGEST, (("Kuik-Operation", "check"),)),
+    Case("blob-other-content", "GET", "blobs", BLOB_DIGEST, Lie(b"x" * 5000, BLOB_DIGEST), None),
+    Case("blob-head-announces-other", "HEAD", "blobs", BLOB_DIGEST, Lie(BLOB, EVIL_DIGEST), 502),
+    Case("blob-announces-other", "GET", "blobs", BLOB_DIGEST, Lie(BLOB, EVIL_DIGEST), 502),
+    # controls: honest answers go through untouched
+    Case("manifest-by-digest-honest", "GET", "manifests", GOOD_DIGEST,
+         Lie(GOOD, GOOD_DIGEST), 200, GOOD_DIGEST),
+    Case("manifest-by-sha512-honest", "GET", "manifests", GOOD512, Lie(GOOD, GOOD512), 200,
+         GOOD512),
+    Case("blob-honest", "GET", "blobs", BLOB_DIGEST, Lie(BLOB, BLOB_DIGEST), 200, BLOB_DIGEST),
+]  # fmt: skip
+
+
+Start = Callable[..., Awaitable[tuple[Client, LyingRegistry]]]
+
+
+@pytest.fixture
+def start(
+    aiohttp_server: Callable[..., Awaitable[TestServer]],
+    aiohttp_client: Callable[..., Awaitable[Client]],
+) -> Start:
+    """kuikproxy before a lying registry, started in the test's own (virtual-time) loop."""
+
+    async def run(idle: str = "0s") -> tuple[Client, LyingRegistry]:
+        fake = LyingRegistry()
+        server = await aiohttp_server(fake.app())
+        config = parse_config(
+            f"registries:\n  {HOST}:\n    upstream: http://127.0.0.1:{server.port}\n"
+            f"    check: {{interval: 200ms}}\n    copy: {{interval: 200ms, idle: {idle}}}\n"
+        )
+        app = build_app(config)
+        return await aiohttp_client(app, server_kwargs={"handler_cancellation": True}), fake
+
+    return run
+
+
+async def read(client: Client, case: Case, resource: str) -> tuple[int | None, Any, bytes]:
+    headers = {"Kuik-Resource": resource, "Accept-Encoding": "gzip", **dict(case.headers)}
+    url = f"/v2/app/{case.path}/{case.reference}?ns={HOST}"
+    try:
+        async with client.request(case.method, url, headers=headers) as response:
+            return response.status, response.headers, await response.read()
+    except aiohttp.ClientPayloadError:  # broken off: the client knows the body is not whole
+        return None, None, b""
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+async def test_content_is_what_its_digest_says_or_it_is_not_served(
+    start: Start, case: Case
+) -> None:
+    """Each lie gets its documented answer; a second resource asking afterwards is never
+    given what failed a check (it gets the same verdict, from a read of its own); a 502 says
+    why in an OCI error body; manifests are always asked for unencoded."""
+    client, fake = await start()
+    fake.lies[case.reference] = case.lie
+    for resource in ("r1", "r2"):
+        status, headers, body = await read(client, case, resource)
+        assert status == case.status, resource
+        if status == 502 and case.method == "GET":
+            error = json.loads(body)["errors"][0]
+            assert error["code"] == "UNAVAILABLE"
+            assert "content" in error["message"] or "Content-Encoding" in error["message"]
+        if status == 200:
+            assert headers["Docker-Content-Digest"] == case.digest
+            if case.method == "GET":
+                assert digest_of(body) == case.digest or case.digest == GOOD512
+                assert headers["Content-Length"] == str(len(body))
+    if case.path == "manifests":
+        assert {encoding for _, _, encoding in fake.seen} == {"identity"}
+
+
+async def test_r3_a_head_served_from_a_kept_tag_read_carries_the_bodys_digest_and_length(
+    start: Start,
+) -> None:
+    """A tag read is kept under its body's digest: a check by another resource, answered from
+    the kept answer, carries that digest and the body's exact length, not what the registry
+    announced."""
+    client, fake = await start()
+    fake.lies["v1"] = Lie(GOOD, EVIL_DIGEST, {"Content-Length": "1"})
+    check = Case(
+        "", "GET", "manifests", "v1", fake.lies["v1"], 200, headers=(("Kuik-Operation", "check"),)
+    )
+    assert (await read(client, check, "r1"))[0] == 200
+    reads = len(fake.seen)
+    head = Case("", "HEAD", "manifests", "v1", fake.lies["v1"], 200)
+    status, headers, _ = await read(client, head, "r2")
+    assert status == 200 and len(fake.seen) == reads  # R1: from the kept answer
+    assert headers["Docker-Content-Digest"] == GOOD_DIGEST
+    assert headers["Content-Length"] == str(len(GOOD))
+
+
+async def test_a_manifest_by_digest_inside_an_open_copy_is_checked_before_it_is_served(
+    start: Start,
+) -> None:
+    """A copy's child read by digest goes without a window (P9) and is streamed, not read for
+    a window: it is checked all the same, and a lie is a 502, not a relayed body."""
+    client, fake = await start(idle="5s")
+    fake.lies["v1"] = Lie(GOOD, GOOD_DIGEST)
+    fake.lies[GOOD_DIGEST] = Lie(EVIL, GOOD_DIGEST)
+    tag = Case("", "GET", "manifests", "v1", fake.lies["v1"], 200)
+    child = Case("", "GET", "manifests", GOOD_DIGEST, fake.lies[GOOD_DIGEST], 502)
+    assert (await read(client, tag, "node"))[0] == 200
+    started = asyncio.get_running_loop().time()
+    assert (await read(client, child, "node"))[0] == 502
+    assert asyncio.get_running_loop().time() - started < 0.2  # in the copy: no window
