@@ -142,10 +142,9 @@ class Answer:
     def may_serve(self, request: RegistryRequest) -> bool:
         """Whether this kept answer (here or the fleet's) may answer ``request``: R5, whose it
         is, then R3."""
-        return (
-            shared_with(self.auth, self.signer, self.status, request.auth, request.signer)
-            and self.serves(request)
-        )
+        return shared_with(
+            self.auth, self.signer, self.status, request.auth, request.signer
+        ) and self.serves(request)
 
     @property
     def owner(self) -> str | None:
