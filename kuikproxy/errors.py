@@ -10,6 +10,7 @@
         ├── DigestInvalid            400 DIGEST_INVALID    malformed digest
         ├── NameUnknown              404 NAME_UNKNOWN      a read of a malformed repository name
         ├── ManifestUnknown          404 MANIFEST_UNKNOWN  a read of a malformed tag
+        ├── Ambiguous                400 UNSUPPORTED       two hosts named that disagree
         ├── Denied                   403 DENIED            host not allowed
         ├── NotFound                 404 NOT_FOUND         route kuikproxy does not serve
         ├── Unsupported              405 UNSUPPORTED       writes, unknown methods
@@ -103,6 +104,14 @@ class ManifestUnknown(RegistryError):
 
     status = 404
     code = "MANIFEST_UNKNOWN"
+
+
+class Ambiguous(RegistryError):
+    """Two ways of naming the registry that disagree (two ``ns``, an ``ns`` and a path prefix,
+    an ``ns`` and a forward-proxy target): kuikproxy will not guess which one was meant."""
+
+    status = 400
+    code = "UNSUPPORTED"
 
 
 class Denied(RegistryError):

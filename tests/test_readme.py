@@ -94,10 +94,18 @@ def test_the_three_ways_render_what_they_promise() -> None:
     assert {m.namespace for m in sidecar if m.name.endswith("kuikproxy-config")} == {"kuik-system"}
 
 
-def test_the_containerd_snippet_names_the_service_as_a_mirror() -> None:
-    (snippet,) = blocks(README, "toml")
-    hosts = tomllib.loads(snippet)
-    assert hosts["host"]["http://10.96.0.74:7439"]["capabilities"] == ["pull", "resolve"]
+def test_the_node_snippets_are_strict_naming_the_service_alone() -> None:
+    """containerd: the Service is ``server`` and the one ``[host]`` (the table containerd 1.6
+    needs to take the file); CRI-O: it is the registry's ``location``, with no mirror. Neither
+    names the registry, so no refusal of kuikproxy's makes a node read it directly (§14)."""
+    containerd, crio = (tomllib.loads(snippet) for snippet in blocks(README, "toml"))
+    assert containerd["server"] == "http://10.96.0.74:7439"
+    assert containerd["host"] == {"http://10.96.0.74:7439": {"capabilities": ["pull", "resolve"]}}
+    assert crio == {
+        "registry": [
+            {"prefix": "docker.io", "location": "10.96.0.74:7439/docker.io", "insecure": True}
+        ]
+    }
 
 
 @pytest.mark.parametrize("document", [README, KUIK], ids=["README", "examples/kuik"])

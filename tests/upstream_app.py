@@ -64,6 +64,11 @@ class Registry:
     fail: dict[str, int] = field(default_factory=dict)
     retry_after: str | None = None  # sent with the failing answers
     blob_chunks: int = 4
+    # Tags the registry does not have (answered 404 MANIFEST_UNKNOWN, as distribution does);
+    # every other tag is served. ``tags`` is what ``GET /v2/<name>/tags/list`` lists per
+    # repository (sorted, paginated by ``n`` and ``last``); other repositories get NAME_UNKNOWN.
+    unknown_tags: set[str] = field(default_factory=set)
+    tags: dict[str, list[str]] = field(default_factory=dict)
 
     def reads(self, kind: str = "manifests") -> list[Seen]:
         return [s for s in self.seen if f"/{kind}/" in s.path]
@@ -73,6 +78,7 @@ class Registry:
         app.router.add_get("/v2/", self.ping)
         app.router.add_route("*", "/v2/{name:.+}/manifests/{reference}", self.manifest)
         app.router.add_route("*", "/v2/{name:.+}/blobs/{digest}", self.blob)
+        app.router.add_get("/v2/{name:.+}/tags/list", self.tag_list)
         return app
 
     def record(self, request: web.Request) -> None:
@@ -103,6 +109,19 @@ class Registry:
             if found is None:
                 return _unknown("MANIFEST_UNKNOWN", reference)
             body = found
+        elif reference in self.unknown_tags:
+            return web.json_response(
+                {
+                    "errors": [
+                        {
+                            "code": "MANIFEST_UNKNOWN",
+                            "message": "manifest unknown",
+                            "detail": {"Tag": reference},
+                        }
+                    ]
+                },
+                status=404,
+            )
         else:
             body = manifest_of(name, reference)
         headers = {
@@ -141,6 +160,26 @@ class Registry:
                 await asyncio.sleep(0.01)
         await response.write_eof()
         return response
+
+    async def tag_list(self, request: web.Request) -> web.Response:
+        """``tags`` of the repository, sorted; ``n`` caps the page and ``last`` starts it after
+        that tag, with a ``Link`` to the next page when one is cut short (distribution spec)."""
+        self.record(request)
+        name = request.match_info["name"]
+        if name not in self.tags:
+            return web.json_response(
+                {"errors": [{"code": "NAME_UNKNOWN", "message": f"unknown {name}"}]}, status=404
+            )
+        tags = sorted(self.tags[name])
+        last = request.query.get("last")
+        if last is not None:
+            tags = [t for t in tags if t > last]
+        headers: dict[str, str] = {}
+        n = request.query.get("n")
+        if n is not None and len(tags) > int(n):
+            tags = tags[: int(n)]
+            headers["Link"] = f'</v2/{name}/tags/list?n={n}&last={tags[-1]}>; rel="next"'
+        return web.json_response({"name": name, "tags": tags}, headers=headers)
 
 
 def _unknown(code: str, digest: str) -> web.Response:

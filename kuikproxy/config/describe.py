@@ -20,6 +20,7 @@ from kuikproxy.config.flow import (
 )
 from kuikproxy.config.models import DEFAULT_BLOCK, Config, RegistrySettings
 from kuikproxy.config.quotas import QuotaSettings
+from kuikproxy.core.rates import exceeds, first_pull, pacing_rates, quota_rate
 from kuikproxy.durations import format_duration
 
 __all__ = ["describe"]
@@ -50,7 +51,7 @@ def _registry(title: str, host: str | None, settings: RegistrySettings) -> list[
         f"mode {check.mode}, maxHold {_limit(check.max_hold)}, "
         f"followUp {format_duration(check.follow_up)}",
         f"  copy: interval {format_duration(copy.interval)}, timeout {_limit(copy.timeout)}, "
-        f"idle {format_duration(copy.idle)}",
+        f"idle {format_duration(copy.idle)}, followUp {format_duration(copy.follow_up)}",
     ]
     credentials = settings.credentials
     if credentials is None:
@@ -67,6 +68,38 @@ def _registry(title: str, host: str | None, settings: RegistrySettings) -> list[
         tls_parts.append("INSECURE: certificate not verified")
     lines.append(f"  tls: {', '.join(tls_parts)}")
     lines.extend(_quota(settings.quota))
+    if settings.paced:
+        lines.extend(_rates(settings))
+    return lines
+
+
+def _per_hour(rate: float) -> str:
+    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
+
+
+def _rates(settings: RegistrySettings) -> list[str]:
+    """What the intervals let through an hour, beside what the quota allows (§14)."""
+    check, copy, quota = settings.check, settings.copy, settings.quota
+    rates = pacing_rates(check.interval, copy.interval)
+    lines = [
+        f"  rates: at most {_per_hour(rates.checks_per_hour)} checks/h, "
+        f"{_per_hour(rates.copies_per_hour)} copies/h; a first pull waits up to "
+        f"{format_duration(first_pull(check.interval, copy.interval))} (a check window, "
+        "then a copy window)"
+    ]
+    bucket = quota.bucket("DataplaneRead", "registry")
+    reads = None if bucket is None else bucket.rate_per_minute
+    allowed = quota_rate(quota.preset, reads, quota.share)
+    if allowed is not None:
+        lines.append(
+            f"    quota allows {_per_hour(allowed.per_hour)}/h ({allowed.what}), "
+            f"counting {allowed.counts}"
+        )
+        if exceeds(rates, allowed):
+            lines.append(
+                f"    WARNING: these intervals let through more {allowed.counts} than the quota "
+                "allows: lengthen them, or the registry will throttle kuikproxy"
+            )
     return lines
 
 
@@ -176,6 +209,7 @@ def describe(config: Config) -> str:
     """A human-readable text of ``config``'s effective settings, one block per host."""
     host, port = config.listen_address()
     aliases = ", ".join(f"{alias} → {target}" for alias, target in config.host_aliases.items())
+    limits = config.limits
     lines = [
         f"listen: {config.listen}" + ("" if host else f" (every address, port {port})"),
         f"defaultRegistry: {config.default_registry}",
@@ -186,6 +220,9 @@ def describe(config: Config) -> str:
         f"cache: maxAge {format_duration(config.cache.max_age)}, "
         f"maxEntries {config.cache.max_entries}, maxBytes {_size(config.cache.max_bytes)}",
         f"state: {config.state.path or 'in memory (lost on restart)'}",
+        f"limits: maxHosts {limits.max_hosts} (hosts under a wildcard), "
+        f"maxResources {limits.max_resources}, maxImages {limits.max_images}, "
+        f"maxRingImages {limits.max_ring_images}",
         _forward_proxy(config),
         "",
         *_flow_control(config.flow_control),

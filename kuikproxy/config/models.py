@@ -29,7 +29,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator
 from pydantic import model_validator as _model_validator
 from pydantic.dataclasses import dataclass
 
-from kuikproxy.config.base import MODEL_CONFIG, camel, host_patterns
+from kuikproxy.config.base import MODEL_CONFIG, PositiveInt, camel, host_patterns
 from kuikproxy.config.flow import FlowControl
 from kuikproxy.config.quotas import QuotaSettings
 from kuikproxy.core.images import DOCKER_HUB, normalize_host
@@ -46,6 +46,7 @@ __all__ = [
     "CopySettings",
     "Credentials",
     "FlowControl",
+    "LimitsSettings",
     "QuotaSettings",
     "RegistrySettings",
     "StateSettings",
@@ -184,6 +185,10 @@ class CopySettings:
     """Seconds a copy may stay open in all; ``0`` (the default) is no limit."""
     idle: Duration = 5.0
     """Seconds a copy stays open after its last request ends (default ``5s``)."""
+    follow_up: Duration = 600.0
+    """Seconds after a copy's last request during which its resource's blob reads and
+    manifest reads by digest in that repository go without a window (P9, default ``10m``): a
+    pull resumed or retried after a pause is not sent to the back of the queue."""
 
 
 @dataclass(frozen=True, config=_MODEL_CONFIG)
@@ -288,6 +293,23 @@ class CacheSettings:
 
 
 @dataclass(frozen=True, config=_MODEL_CONFIG)
+class LimitsSettings:
+    """Bounds on what kuikproxy keeps in memory (issue 12): a request that would pass one is
+    refused (503) and counted; what already has state keeps working. The defaults are far above
+    what a real deployment holds and keep the worst case to a few hundred MiB (decisions.md)."""
+
+    max_hosts: PositiveInt = 1_000
+    """Hosts not in ``registries`` (allowed by a wildcard of ``allowedHosts``) that may have
+    state at once; one is forgotten a retention after its last request."""
+    max_resources: PositiveInt = 10_000
+    """Resources that may have state (a ring or a copy queue) at once, over every host."""
+    max_images: PositiveInt = 1_000_000
+    """Images in every ring together."""
+    max_ring_images: PositiveInt = 100_000
+    """Images in one ring (one resource on one host)."""
+
+
+@dataclass(frozen=True, config=_MODEL_CONFIG)
 class StateSettings:
     """Where pacing state survives restarts (SPEC §7.3, P13)."""
 
@@ -389,6 +411,8 @@ class Config:
     """The cache of kept answers."""
     state: StateSettings = Field(default_factory=StateSettings)
     """Persistence of pacing state."""
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    """Bounds on hosts, resources and ring images kept in memory."""
     registries: Mapping[str, RegistrySettings] = Field(default_factory=dict)
     """Effective settings per normalised host, plus ``default``."""
     flow_control: FlowControl = Field(default_factory=FlowControl)

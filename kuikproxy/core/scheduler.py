@@ -31,13 +31,15 @@ it on a :class:`Ticket`, or read an image upstream for a list of tickets.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import count
+from typing import cast
 
 from kuikproxy.core.copies import CopyQueue, OpenCopy
 from kuikproxy.core.images import Image
+from kuikproxy.core.limits import Census, Refuse
 from kuikproxy.core.reuse import fresh_for
 from kuikproxy.core.rings import Ring
 from kuikproxy.core.ringstate import RingChanges, RingState
@@ -63,11 +65,14 @@ class HostPacing:
     follow_up: float = 2.0
     copy_idle: float = 5.0
     copy_timeout: float = 0.0
+    copy_follow_up: float = 600.0
     max_age: float = 3600.0
     retention: float = 86400.0
 
 
 _ticket_ids = count(1)
+RETRY_MARGIN = 0.05  # seconds: a Retry-After points this far past the window that reads it
+SWEEP_GRACE = 0.001  # seconds: a sweep comes this long after a retention ends (P8: *after* it)
 
 
 @dataclass(eq=False, slots=True)
@@ -92,8 +97,11 @@ class Reuse:
 
 @dataclass(frozen=True, slots=True)
 class Pass:
-    """Let the request go upstream now without a window (a follow-up, P10; a member of the open
-    copy, P9). For a copy member, call :meth:`HostScheduler.copy_request_done` when it ends."""
+    """Let the request go upstream now without a window (a follow-up, P10 and P9; a member of
+    the open copy, P9). For a member of the open copy (``in_copy``), call
+    :meth:`HostScheduler.copy_request_done` when it ends."""
+
+    in_copy: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +109,7 @@ class Hold:
     ticket: Ticket
 
 
-Admission = Reuse | Pass | Hold
+Admission = Reuse | Pass | Hold | Refuse
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +132,7 @@ class WindowResult:
     at: float
     outcome: Outcome
     read: Read | None = None
+    lapsed: tuple[Ticket, ...] = ()  # standing asks that ended unread at this window (P11)
 
 
 # -- snapshots for /status -----------------------------------------------------------------
@@ -159,18 +168,31 @@ class HostView:
     blocked_until: float | None
     rings: tuple[RingView, ...]
     copy_queues: dict[str, int]
+    ring_count: int  # every ring here, whether ``rings`` shows it or not
 
 
 class HostScheduler:
     """Pacing state and decisions for one registry host."""
 
     def __init__(
-        self, host: str, pacing: HostPacing, now: float, *, origin: float | None = None
+        self,
+        host: str,
+        pacing: HostPacing,
+        now: float,
+        *,
+        origin: float | None = None,
+        census: Census | None = None,
     ) -> None:
         """Series start at ``origin`` (default ``now``): the proxy's start, for a host first
-        seen later, whose windows until ``now`` found nothing due."""
+        seen later, whose windows until ``now`` found nothing due. ``census`` is where every
+        host's resources and ring images are counted against the limits (default: this host's
+        own, with the default limits)."""
         self.host = host
         self.pacing = pacing
+        self._census = Census() if census is None else census
+        self.last_request = now  # when a request last came (a host is forgotten long after)
+        # series whose windows the runtime does not fire: nothing is due there (next_due)
+        self._asleep: set[Operation] = set()
         start = now if origin is None else origin
         self.check_series = Series(origin=start, interval=pacing.check_interval)
         self.copy_series = Series(origin=start, interval=pacing.copy_interval)
@@ -183,6 +205,11 @@ class HostScheduler:
         self._check_turn: str | None = None
         self._check_tickets: dict[str, dict[Ticket, None]] = {}  # image key → waiting tickets
         self._check_in_flight: Read | None = None
+        self._riders: list[Ticket] = []  # checks of the image in flight that came during its read
+        # P11: standing asks of clients that left (or were refused under maxHold), by
+        # (resource, image key): the ticket stays waiting until a window reads it or it lapses
+        self._standing: dict[tuple[str, str], tuple[Ticket, float]] = {}
+        self._standing_ends: list[tuple[float, int, Ticket]] = []  # a heap, lazily updated
         # P10: (resource, image key) → (the Authorization key answered, whether any passes)
         self._follow_ups: TimedMap[tuple[str, str], tuple[str | None, bool]] = TimedMap()
         # when each image was last read for everyone, within cache.maxAge (R1 for prefetch)
@@ -193,6 +220,8 @@ class HostScheduler:
         self._copy_turn: str | None = None
         self._copy_tickets: dict[str, dict[Ticket, None]] = {}
         self._open_copy: OpenCopy | None = None
+        # P9: (resource, repository) → True while a closed copy's content stays reachable
+        self._copy_follow_ups: TimedMap[tuple[str, str], bool] = TimedMap()
 
     # -- configuration (P12) ----------------------------------------------------------------
 
@@ -222,12 +251,21 @@ class HostScheduler:
         self, resource: str, image: Image, now: float, *, auth: str | None, kept_at: float | None
     ) -> Admission:
         """A check request arrives. ``kept_at`` is when the kept answer the runtime found for it
-        (R3, R5 already applied) was read, or None."""
+        (R3, R5 already applied) was read, or None. Refused when a new resource or ring image
+        would pass a limit (:mod:`kuikproxy.core.limits`)."""
+        self.last_request = now
         grant = self._follow_ups.get((resource, image.key), now)
         if grant is not None:
             granted_auth, any_auth = grant
             if any_auth or granted_auth != auth:
                 return Pass()
+        ring = self._rings.get(resource)
+        if ring is None or image.key not in ring:
+            size = 0 if ring is None else len(ring)
+            refusal = self._census.refusal(resource, 1, size)
+            if refusal is not None:
+                return refusal
+            self._census.images += 1
         ring = self._ring(resource, now)
         ring.ask(image.key, now)
         if fresh_for(kept_at, ring.previous_read(image.key), now, self.pacing.max_age):
@@ -237,22 +275,38 @@ class HostScheduler:
         self._check_tickets.setdefault(image.key, {})[ticket] = None
         ring.wait(image.key)
         self._check_ready.add(resource)
+        in_flight = self._check_in_flight
+        if in_flight is not None and in_flight.image.key == image.key:
+            # the image is being read right now: its answer may serve this one too (R2), as
+            # it would have had it come a moment earlier — a client that obeyed a Retry-After
+            # pointing just after this window must not wait a whole lap (P11)
+            self._riders.append(ticket)
         return Hold(ticket)
 
     def _ring(self, resource: str, now: float) -> Ring:
         ring = self._rings.get(resource)
         if ring is None:
             ring = self._rings[resource] = self._new_ring(resource)
+            self._census.enter(resource, self.host)
             heapq.heappush(self._expiry, (now, resource))
             if self.pacing.prefetch:
                 ring.walk_in_order()
                 self._check_ready.add(resource)
         return ring
 
+    def _gone(self, resource: str) -> None:
+        """``resource`` lost its ring or its copy queue here: it leaves the census when it has
+        neither any more."""
+        if resource not in self._rings and resource not in self._queues:
+            self._census.leave(resource, self.host)
+
     def join(self, resource: str, images: list[str], now: float) -> None:
-        """Many images join a resource's ring at once (benchmarks; restarts use :meth:`restore`)."""
+        """Many images join a resource's ring at once (benchmarks; restarts use :meth:`restore`).
+        Counted, never refused: a benchmark sets up what it measures."""
         ring = self._ring(resource, now)
+        before = len(ring)
         ring.join(images, now)
+        self._census.images += len(ring) - before
         if self.pacing.prefetch:
             self._check_ready.add(resource)
 
@@ -271,13 +325,16 @@ class HostScheduler:
     def restore(self, resource: str, state: RingState) -> None:
         """Bring back ``resource``'s ring as it was saved before a restart, times in this
         scheduler's clock, before any request of that resource here. It resumes after its
-        cursor; its lap in progress started before the restart, so the downtime counts in it."""
+        cursor; its lap in progress started before the restart, so the downtime counts in it.
+        Counted against the limits, never refused: it was admitted before the restart."""
         ring = self._new_ring(resource)
         ring.load(state)
         oldest = ring.oldest_ask()
         if oldest is None:
             return
         self._rings[resource] = ring
+        self._census.enter(resource, self.host)
+        self._census.images += len(ring)
         heapq.heappush(self._expiry, (oldest, resource))
         if self.pacing.prefetch:
             ring.walk_in_order()
@@ -304,10 +361,11 @@ class HostScheduler:
         self._expire(now)
         self._follow_ups.prune(now)
         self._shared_reads.prune(now)
+        lapsed = self._lapse_standing(now)
         if self._blocked(now):
-            return self._outcome(self.check_series, at, Outcome.BLOCKED)
+            return self._outcome(self.check_series, at, Outcome.BLOCKED, lapsed=lapsed)
         if self._check_in_flight is not None:
-            return self._outcome(self.check_series, at, Outcome.BUSY)
+            return self._outcome(self.check_series, at, Outcome.BUSY, lapsed=lapsed)
 
         def shared(key: str) -> float | None:
             return self._shared_reads.get(key, at)
@@ -326,8 +384,8 @@ class HostScheduler:
             image = leader.image if leader is not None else Image.from_key(self.host, key)
             read = Read(Operation.CHECK, image, leader, waiting, at)
             self._check_in_flight = read
-            return self._outcome(self.check_series, at, Outcome.USED, read)
-        return self._outcome(self.check_series, at, Outcome.IDLE)
+            return self._outcome(self.check_series, at, Outcome.USED, read, lapsed)
+        return self._outcome(self.check_series, at, Outcome.IDLE, lapsed=lapsed)
 
     def has_due(self, operation: Operation) -> bool:
         """Whether a window of ``operation``'s series could have something to do now — what a
@@ -351,6 +409,7 @@ class HostScheduler:
         """
         if self._check_in_flight is read:
             self._check_in_flight = None
+            self._riders = []
         if kept and (read.leader is None or read.leader.auth is None):
             # kept for everyone: prefetch rings that get there find it and skip it (P7, R1)
             self._shared_reads.put(read.image.key, read.at, read.at + self.pacing.max_age)
@@ -359,11 +418,14 @@ class HostScheduler:
             # a ticket cancelled meanwhile (P11) no longer counts among its ring's waiters
             waited = self._release(self._check_tickets, ticket)
             ring = self._rings.get(ticket.resource)
-            if ring is not None:
-                if waited:
-                    ring.unwait(ticket.image.key)
-                if ticket.resource not in answered:
-                    ring.answer(ticket.image.key, read.at)
+            if ring is not None and waited:
+                ring.unwait(ticket.image.key)
+            if self._end_standing(ticket):
+                # read for a client that left: its retry is answered from the kept answer, and
+                # that answer is what counts as the resource's read of the image (P11, R1)
+                continue
+            if ring is not None and ticket.resource not in answered:
+                ring.answer(ticket.image.key, read.at)
             answered.add(ticket.resource)
         until = now + self.pacing.follow_up
         released = []
@@ -387,7 +449,8 @@ class HostScheduler:
         """A copy request arrives. ``opens`` is true for a manifest GET by tag, which always
         opens a copy of its own (§4.3); other requests join the resource's open copy if any.
         ``auth`` keys its client's own ``Authorization``: the copy's manifest read serves only
-        those R5 lets it serve."""
+        those R5 lets it serve. Refused when a new resource would pass ``maxResources``."""
+        self.last_request = now
         copy = self._open_copy
         p = self.pacing
         if (
@@ -396,15 +459,25 @@ class HostScheduler:
             and copy.admits(resource, image.repository, now, p.copy_idle, p.copy_timeout)
         ):
             copy.in_flight += 1
-            return Pass()
+            return Pass(in_copy=True)
+        if not opens and self._copy_follow_ups.get((resource, image.repository), now):
+            return Pass()  # P9: a closed copy's content, resumed or retried
+        queue = self._queues.get(resource)
+        if queue is None:
+            refusal = self._census.refusal(resource, 0, 0)
+            if refusal is not None:
+                return refusal
+            queue = self._queues[resource] = CopyQueue()
+            self._census.enter(resource, self.host)
         ticket = Ticket(resource, image, Operation.COPY, auth, now)
         self._copy_tickets.setdefault(image.key, {})[ticket] = None
-        self._queues.setdefault(resource, CopyQueue()).push(image.key)
+        queue.push(image.key)
         self._copy_ready.add(resource)
         return Hold(ticket)
 
     def copy_window(self, now: float) -> WindowResult:
         at = self.copy_series.fire(now)
+        self._copy_follow_ups.prune(now)
         p = self.pacing
         if self._blocked(now):
             return self._outcome(self.copy_series, at, Outcome.BLOCKED)
@@ -417,7 +490,8 @@ class HostScheduler:
             key = None if queue is None else queue.first()
             if key is None:
                 self._copy_ready.discard(resource)
-                self._queues.pop(resource, None)
+                if self._queues.pop(resource, None) is not None:
+                    self._gone(resource)
                 continue
             self._copy_turn = resource
             # a queued image always has a waiting request: both leave together (cancel)
@@ -435,6 +509,7 @@ class HostScheduler:
                 in_flight=len(tickets),
             )
             read = Read(Operation.COPY, leader.image, leader, tickets, at)
+            self._grant_copy_follow_ups(self._open_copy, at)
             return self._outcome(self.copy_series, at, Outcome.USED, read)
         return self._outcome(self.copy_series, at, Outcome.IDLE)
 
@@ -449,6 +524,14 @@ class HostScheduler:
         if copy is not None and copy.in_flight > 0:
             copy.in_flight -= 1
             copy.last_end = now
+            self._grant_copy_follow_ups(copy, now)
+
+    def _grant_copy_follow_ups(self, copy: OpenCopy, now: float) -> None:
+        """P9: the copy's content stays reachable to its members for ``copy.followUp`` after
+        its last request (its idle time included)."""
+        until = now + self.pacing.copy_idle + self.pacing.copy_follow_up
+        for member in copy.members:
+            self._copy_follow_ups.put((member, copy.repository), True, until)
 
     # -- requests that stop waiting ---------------------------------------------------------
 
@@ -466,7 +549,64 @@ class HostScheduler:
                 queue.pop_request(ticket.image.key)
 
     def _drop_check_ticket(self, ticket: Ticket) -> bool:
+        self._end_standing(ticket)
         return self._release(self._check_tickets, ticket)
+
+    def stand(self, ticket: Ticket, now: float) -> bool:
+        """P11: a check's client went away, or was refused under ``check.maxHold``: its image
+        stays asked for its resource — due at its next turn as if a request waited — until a
+        window reads it, or one interval after the turn it was estimated at. At most one
+        standing ask per resource and image. Returns whether ``ticket`` stands (else it was
+        cancelled, as :meth:`cancel` does)."""
+        key = (ticket.resource, ticket.image.key)
+        waiting = self._check_tickets.get(ticket.image.key)
+        if ticket.operation is not Operation.CHECK or waiting is None or ticket not in waiting:
+            return False
+        until = now + self.retry_after(ticket, now) + self.check_series.interval
+        standing = self._standing.get(key)
+        stands = ticket
+        if standing is not None and standing[0] is not ticket:
+            self.cancel(ticket)  # the ask stands already: it lasts until the later end
+            stands, until = standing[0], max(standing[1], until)
+        self._standing[key] = (stands, until)
+        heapq.heappush(self._standing_ends, (until, stands.id, stands))
+        return stands is ticket
+
+    def standing(self, ticket: Ticket) -> bool:
+        """Whether ``ticket`` is a standing ask (its client is gone)."""
+        found = self._standing.get((ticket.resource, ticket.image.key))
+        return found is not None and found[0] is ticket
+
+    def _end_standing(self, ticket: Ticket) -> bool:
+        key = (ticket.resource, ticket.image.key)
+        found = self._standing.get(key)
+        if found is None or found[0] is not ticket:
+            return False
+        del self._standing[key]
+        return True
+
+    def _lapse_standing(self, now: float) -> tuple[Ticket, ...]:
+        """Standing asks past their end, cancelled: their turn was lost (P11). A read in
+        flight for one keeps it until the read ends."""
+        in_flight = self._check_in_flight
+        ends, lapsed, kept = self._standing_ends, [], []
+        while ends and ends[0][0] <= now:
+            entry = heapq.heappop(ends)
+            until, _, ticket = entry
+            if self._standing.get((ticket.resource, ticket.image.key)) != (ticket, until):
+                continue  # ended meanwhile, or extended (a later entry stands for it)
+            if in_flight is not None and ticket in in_flight.tickets:
+                kept.append(entry)
+                continue
+            self.cancel(ticket)
+            lapsed.append(ticket)
+        for entry in kept:
+            heapq.heappush(ends, entry)
+        return tuple(lapsed)
+
+    def riders(self, read: Read) -> tuple[Ticket, ...]:
+        """Checks of ``read``'s image that arrived while it was read (R2, P11)."""
+        return tuple(self._riders) if self._check_in_flight is read else ()
 
     @staticmethod
     def _release(tickets: dict[str, dict[Ticket, None]], ticket: Ticket) -> bool:
@@ -489,15 +629,22 @@ class HostScheduler:
         if self._blocked(now):
             assert self.blocked_until is not None
             wait = max(wait, self.blocked_until - now)
-        return max(wait, 0.0)
+        # just after the window that reads it (P11): a client that comes back then finds the
+        # read in flight (and rides it) or its answer kept
+        return max(wait, 0.0) + RETRY_MARGIN
 
     # -- turns and housekeeping -------------------------------------------------------------
 
     def _outcome(
-        self, series: Series, at: float, outcome: Outcome, read: Read | None = None
+        self,
+        series: Series,
+        at: float,
+        outcome: Outcome,
+        read: Read | None = None,
+        lapsed: tuple[Ticket, ...] = (),
     ) -> WindowResult:
         series.count(outcome)
-        return WindowResult(at, outcome, read)
+        return WindowResult(at, outcome, read, lapsed)
 
     def _expire(self, now: float) -> None:
         """Drop ring images unasked for ``unusedImageRetention`` (P8), and empty rings."""
@@ -508,13 +655,83 @@ class HostScheduler:
             ring = self._rings.get(resource)
             if ring is None:
                 continue
-            ring.expire(cutoff, now)
+            self._census.images -= len(ring.expire(cutoff, now))
             oldest = ring.oldest_ask()
             if oldest is None:
                 del self._rings[resource]
                 self._check_ready.discard(resource)
+                self._gone(resource)
             else:
                 heapq.heappush(heap, (oldest, resource))
+
+    # -- when nothing is due: sleep, sweep, forget (issue 12) ---------------------------------
+
+    def next_due(self, operation: Operation, now: float) -> float | None:
+        """When the runtime must fire ``operation``'s series next: its next window while
+        something may be due there, None when nothing is. A series the runtime does not fire
+        *sleeps*: its windows are idle (P3a), counted when it wakes here or is viewed, and
+        stay on their grid (P1), so a host nobody asks costs no timer."""
+        series = self.check_series if operation is Operation.CHECK else self.copy_series
+        if not self.has_due(operation):
+            self._asleep.add(operation)
+            return None
+        if operation in self._asleep:
+            self._asleep.discard(operation)
+            series.pass_idle(now)
+        return series.next_window()
+
+    def _doze(self, now: float) -> None:
+        """Count the windows sleeping series have let pass until ``now`` (idle)."""
+        for operation in self._asleep:
+            series = self.check_series if operation is Operation.CHECK else self.copy_series
+            series.pass_idle(now)
+
+    def sweep(self, now: float) -> None:
+        """What windows do in passing, for a host whose series sleep: ring images past their
+        retention leave (P8), lapsed grants go."""
+        self._expire(now)
+        self._follow_ups.prune(now)
+        self._shared_reads.prune(now)
+        self._copy_follow_ups.prune(now)
+
+    def next_sweep(self, now: float, *, forgettable: bool) -> float | None:
+        """When :meth:`sweep` next has something to do, after a sweep at ``now``: just after the
+        oldest ring ask's retention (P8 drops an image *after* it, :data:`SWEEP_GRACE`). For a
+        host that may be forgotten (not in ``registries``), also when :meth:`idle` may next
+        hold: a retention after its last request and after the end of its block; a host still
+        in use then is looked at again a retention later. None: nothing to sweep."""
+        retention = self.pacing.retention
+        times = []
+        if self._expiry:
+            times.append(self._expiry[0][0] + retention + SWEEP_GRACE)
+        if forgettable:
+            at = max(self.last_request + retention, self.blocked_until or 0.0) + SWEEP_GRACE
+            times.append(at if at > now else now + retention)
+        return min(times, default=None)
+
+    def idle(self, now: float) -> bool:
+        """Whether this host may be forgotten at ``now`` (if it is not in ``registries``): no
+        request for ``unusedImageRetention``, nothing waiting or being read, no copy open, no
+        ring or queue left, and no block in force — a block is never forgotten (§11)."""
+        p = self.pacing
+        copy = self._open_copy
+        return (
+            now - self.last_request >= p.retention
+            and not self._rings
+            and not any(self._queues.values())
+            and not self._check_tickets
+            and not self._copy_tickets
+            and self._check_in_flight is None
+            and (copy is None or not copy.is_open(now, p.copy_idle, p.copy_timeout))
+            and not self._blocked(now)
+        )
+
+    def forget(self) -> None:
+        """This scheduler is dropped (its host forgotten when idle, or no longer paced): its
+        resources and ring images leave the census. Nothing else is asked of it after."""
+        for resource in {*self._rings, *self._queues}:
+            self._census.leave(resource, self.host)
+        self._census.images -= sum(len(ring) for ring in self._rings.values())
 
     # -- views ------------------------------------------------------------------------------
 
@@ -532,9 +749,21 @@ class HostScheduler:
             return 0, 0
         return ring.position(limit), ring.waiting_requests()
 
-    def view(self, now: float) -> HostView:
+    def ring_stats(self) -> Iterator[tuple[str, int, float | None]]:
+        """Each ring's resource, images and last lap (``cycleDuration``), unsorted: what a
+        metrics scrape reads, without the views and the sorting ``/status`` needs. Consume it
+        before anything else runs on the loop."""
+        for resource, ring in self._rings.items():
+            yield resource, len(ring), ring.cycle_duration
+
+    def view(self, now: float, resources: Collection[str] | None = None) -> HostView:
+        """The host's state at ``now``. ``resources`` narrows its rings and copy queues to
+        those resources' (None: every one, in name order): a page of ``/status`` costs what the
+        page shows, not what the host holds."""
+        self._doze(now)
         p = self.pacing
         copy = self._open_copy
+        names = sorted({*self._rings, *self._queues}) if resources is None else resources
         copy_open = copy.image if copy and copy.is_open(now, p.copy_idle, p.copy_timeout) else None
         return HostView(
             check=_series_view(self.check_series, self._check_in_flight is not None),
@@ -547,9 +776,11 @@ class HostScheduler:
             blocked_until=self.blocked_until if self._blocked(now) else None,
             rings=tuple(
                 RingView(r, len(ring), ring.cursor, ring.cycle_started, ring.cycle_duration)
-                for r, ring in sorted(self._rings.items())
+                for r in names
+                if (ring := self._rings.get(r)) is not None
             ),
-            copy_queues={r: len(q) for r, q in sorted(self._queues.items()) if len(q)},
+            copy_queues={r: len(q) for r in names if (q := self._queues.get(r)) is not None and q},
+            ring_count=len(self._rings),
         )
 
 
@@ -559,7 +790,9 @@ def _series_view(series: Series, busy: bool) -> SeriesView:
         origin=series.origin,
         next_window=series.next_window(),
         busy=busy,
-        windows={outcome.value: n for outcome, n in series.outcomes.items()},
+        # a copy keyed by the outcomes themselves: StrEnum members are their names as strings
+        # (equal, hashed and dumped alike), and converting each costs half of a view
+        windows=cast(dict[str, int], series.outcomes.copy()),
     )
 
 

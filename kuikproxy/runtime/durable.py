@@ -47,6 +47,7 @@ class Durable:
     def __init__(self, store: ThreadedStore) -> None:
         self.store = store
         self._schedulers: dict[str, HostScheduler] = {}
+        self._detached: list[tuple[str, str, RingChanges]] = []  # last changes of hosts let go
         self._blocks: dict[str, float] = {}  # blocks to write, loop time
         self._offset = 0.0  # loop time + offset = wall-clock time: the pacer's
         self._last: asyncio.Future[None] | None = None  # the write queued last
@@ -64,6 +65,13 @@ class Durable:
         """A host's scheduler was made: its rings remember their changes from now on."""
         scheduler.track_changes()
         self._schedulers[host] = scheduler
+
+    def detach(self, host: str) -> None:
+        """A host's scheduler is let go of (forgotten when idle): its last changes — rings
+        that expired — are written with the next batch, and nothing of it after."""
+        scheduler = self._schedulers.pop(host, None)
+        if scheduler is not None:
+            self._detached.extend((host, resource, c) for resource, c in scheduler.changes())
 
     async def restore(self, pacer: Pacer) -> None:
         """Bring back what the file holds into ``pacer`` (before it serves anything), then keep
@@ -122,6 +130,7 @@ class Durable:
         if self._rewrite:
             self._rewrite = False
             self._blocks.clear()
+            self._detached.clear()  # the file is written whole: what they dropped is not in it
             return Batch(
                 rings=tuple(
                     (host, resource, RingChanges.whole(state))
@@ -133,11 +142,12 @@ class Durable:
                 ),
                 full=True,
             )
-        rings = tuple(
+        rings = tuple(self._detached) + tuple(
             (host, resource, changes)
             for host, scheduler in schedulers
             for resource, changes in scheduler.changes()
         )
+        self._detached.clear()
         if not rings and not self._blocks:
             return None
         blocks = tuple(self._blocks.items())

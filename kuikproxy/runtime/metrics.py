@@ -11,13 +11,22 @@ Three names are the pacing document's own, so its health query works unchanged::
     kuik_check_cycle_duration_seconds / (kuik_check_ring_images * on(registry) group_left
         kuik_registry_interval_seconds{operation="Check"})
 
-Labels are bounded: registries and resources, never an image reference.
+Labels are bounded: registries and resources, never an image reference. A host under an
+allowed wildcard has series of its own while it has state (``limits.maxHosts`` of them at most),
+and loses them when it is forgotten; requests to hosts without state count under
+``registry="-"``. A scrape copies what it reads on the event loop and renders the text in a
+worker thread (:meth:`Metrics.render`); the per-ring series are rendered by hand
+(:func:`ring_families`, ~0.5 µs a sample against prometheus-client's ~5), for at most
+:data:`RING_SERIES` rings.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 from prometheus_client import (
     CollectorRegistry,
@@ -29,6 +38,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.quota import BucketView, QuotaSnapshot
@@ -40,6 +50,18 @@ WAIT_BUCKETS = (0.01, 0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 *
 Views = Callable[[], tuple[Mapping[str, HostView], float]]  # (views, wall − loop offset)
 Levels = Callable[[], tuple[LevelView, ...]]
 Quotas = Callable[[], Mapping[str, QuotaSnapshot]]  # each host's quota now
+RingStat = tuple[str, int, float | None]  # (resource, images, cycleDuration)
+RingStats = Iterable[RingStat]
+Rings = Callable[[], Iterable[tuple[str, RingStats]]]  # each host's rings, read at once
+Refused = Callable[[], Iterable[tuple[str, Mapping[str, int]]]]  # (registry, reason → count)
+
+NO_HOST = "-"
+"""The ``registry`` label of what no host's state answers for: a host refused under
+``limits.maxHosts``, or not allowed at all (one series, however many names clients send)."""
+RING_SERIES = 20_000
+"""Rings with series of their own in one scrape, host by host. Past it the rest are left out
+(``kuik_check_rings`` still counts every ring): that many series of one target are past what a
+Prometheus is comfortable with anyway, and copying them holds the loop (~0.3 µs a ring)."""
 
 
 class PacingCollector(Collector):
@@ -66,10 +88,7 @@ class PacingCollector(Collector):
                     f.windows.add_metric([host, name, outcome], count)
             until = view.blocked_until
             f.blocked.add_metric([host], 0.0 if until is None else until + wall_offset)
-            for ring in view.rings:
-                f.images.add_metric([ring.resource, host], ring.images)
-                if ring.cycle_duration is not None:
-                    f.lap.add_metric([ring.resource, host], ring.cycle_duration)
+            f.rings.add_metric([host], view.ring_count)
         yield from f.all()
 
 
@@ -77,15 +96,11 @@ class _Families:
     """One scrape's families of the pacing state."""
 
     def __init__(self) -> None:
-        self.lap = GaugeMetricFamily(
-            "kuik_check_cycle_duration_seconds",
-            "How long the last lap of a ring took (measured), per resource and registry.",
-            labels=["resource", "registry"],
-        )
-        self.images = GaugeMetricFamily(
-            "kuik_check_ring_images",
-            "How many images a resource's ring holds on a registry.",
-            labels=["resource", "registry"],
+        self.rings = GaugeMetricFamily(
+            "kuik_check_rings",
+            "How many rings (resources asking for images) a registry holds, each counted here "
+            "even past the rings that have series of their own.",
+            labels=["registry"],
         )
         self.interval = GaugeMetricFamily(
             "kuik_registry_interval_seconds",
@@ -109,7 +124,70 @@ class _Families:
         )
 
     def all(self) -> Iterator[Metric]:
-        yield from (self.lap, self.images, self.interval, self.windows, self.waiting, self.blocked)
+        yield from (self.rings, self.interval, self.windows, self.waiting, self.blocked)
+
+
+_LAP_HELP = "How long the last lap of a ring took (measured), per resource and registry."
+_IMAGES_HELP = "How many images a resource's ring holds on a registry."
+
+
+def ring_families(rings: Iterable[tuple[str, RingStats]]) -> bytes:
+    """``kuik_check_cycle_duration_seconds`` and ``kuik_check_ring_images`` (the pacing
+    document's names) in the text format, host by host."""
+    laps: list[str] = []
+    images: list[str] = []
+    for host, stats in rings:
+        registry = _label(host)
+        for resource, size, lap in stats:
+            labels = f'{{resource="{_label(resource)}",registry="{registry}"}}'
+            images.append(f"kuik_check_ring_images{labels} {size}.0\n")
+            if lap is not None:
+                value = floatToGoString(lap)  # type: ignore[no-untyped-call]
+                laps.append(f"kuik_check_cycle_duration_seconds{labels} {value}\n")
+    return "".join(
+        (
+            f"# HELP kuik_check_cycle_duration_seconds {_LAP_HELP}\n",
+            "# TYPE kuik_check_cycle_duration_seconds gauge\n",
+            *laps,
+            f"# HELP kuik_check_ring_images {_IMAGES_HELP}\n",
+            "# TYPE kuik_check_ring_images gauge\n",
+            *images,
+        )
+    ).encode()
+
+
+def _label(value: str) -> str:
+    """A label value as the text format writes it: backslash, newline and quote escaped."""
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value
+
+
+class RefusalCollector(Collector):
+    """kuikproxy's own refusals by registry and reason (SPEC §12), read at each scrape."""
+
+    def __init__(self, refused: Refused) -> None:
+        self._refused = refused
+
+    def describe(self) -> list[Metric]:
+        return [self._family(())]
+
+    def collect(self) -> Iterator[Metric]:
+        yield self._family(self._refused())
+
+    @staticmethod
+    def _family(refused: Iterable[tuple[str, Mapping[str, int]]]) -> Metric:
+        family = CounterMetricFamily(
+            "kuik_proxy_refusals",
+            "Requests kuikproxy refused itself, by registry and reason (a limit: maxHosts, "
+            f"maxResources, maxImages, maxRingImages); registry {NO_HOST} for hosts without "
+            "state.",
+            labels=["registry", "reason"],
+        )
+        for registry, counts in refused:
+            for reason, count in sorted(counts.items()):
+                family.add_metric([registry, reason], count)
+        return family
 
 
 class FlowControlCollector(Collector):
@@ -230,12 +308,24 @@ class Metrics:
         levels: Levels,
         quotas: Quotas,
         fleet: Callable[[], FleetView] | None = None,
+        *,
+        rings: Rings,
+        refused: Refused,
+        known: Callable[[str], bool],
     ) -> None:
+        """The callables read the live state, on the event loop, once per scrape
+        (:meth:`render`). ``known(host)``: whether the host has series of its own
+        (configured, or with state); the others count under :data:`NO_HOST`."""
         disable_created_metrics()  # type: ignore[no-untyped-call]
+        self._sources = (views, levels, quotas, rings, refused, fleet)
+        self._scrape = Scrape()
+        self._scraping = asyncio.Lock()
+        self._known = known
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(PacingCollector(views))
-        self.registry.register(FlowControlCollector(levels))
-        self.registry.register(QuotaCollector(quotas))
+        self.registry.register(PacingCollector(lambda: (self._scrape.views, self._scrape.offset)))
+        self.registry.register(RefusalCollector(lambda: self._scrape.refused))
+        self.registry.register(FlowControlCollector(lambda: self._scrape.levels))
+        self.registry.register(QuotaCollector(lambda: self._scrape.quotas))
         if fleet is not None:  # issue 8: whether the fleet is reached, and how large it is
             connected = Gauge(
                 "kuik_proxy_fleet_connected",
@@ -243,13 +333,13 @@ class Metrics:
                 "window in kuik_proxy_fleet_size.",
                 registry=self.registry,
             )
-            connected.set_function(lambda: float(fleet().connected))
+            connected.set_function(lambda: float(self._fleet().connected))
             size = Gauge(
                 "kuik_proxy_fleet_size",
                 "Proxies in the fleet as last seen, this one included.",
                 registry=self.registry,
             )
-            size.set_function(lambda: float(fleet().size))
+            size.set_function(lambda: float(self._fleet().size))
         self.requests = Counter(
             "kuik_proxy_requests",
             "Registry requests answered by kuikproxy; cache is hit (a kept answer), miss (read "
@@ -257,7 +347,9 @@ class Metrics:
             ["registry", "operation", "code", "cache"],
             registry=self.registry,
         )
-        self._answered: dict[tuple[str, str, str, str], Counter] = {}
+        # children by registry label, then the other labels: a host's go with it at once
+        self._answered: dict[str, dict[tuple[str, str, str], Counter]] = {}
+        self._sent: dict[str, dict[tuple[str, str], Counter]] = {}  # upstream requests'
         self.wait = Histogram(
             "kuik_proxy_wait_seconds",
             "How long requests were held before their window released them.",
@@ -284,16 +376,92 @@ class Metrics:
     def answered(self, host: str, operation: str, code: str, cache: str) -> None:
         """One request answered. Its counter is found once per label set: ``labels()`` costs
         more than the rest of a kept answer's bookkeeping, and this runs for every request."""
-        key = (host, operation, code, cache)
-        child = self._answered.get(key)
+        key = (operation, code, cache)
+        children = self._answered.get(host)
+        child = None if children is None else children.get(key)
         if child is None:
-            child = self._answered[key] = self.requests.labels(*key)
+            registry = self._registry(host)
+            children = self._answered.setdefault(registry, {})
+            child = children.get(key)
+            if child is None:
+                child = children[key] = self.requests.labels(registry, *key)
         child.inc()
 
     def upstream_answered(
         self, host: str, method: str, status: int | None, headers: tuple[tuple[str, str], ...]
     ) -> None:
-        self.upstream.labels(host, method, "error" if status is None else str(status)).inc()
+        key = (method, "error" if status is None else str(status))
+        children = self._sent.get(host)
+        child = None if children is None else children.get(key)
+        if child is None:
+            registry = self._registry(host)
+            children = self._sent.setdefault(registry, {})
+            child = children.get(key)
+            if child is None:
+                child = children[key] = self.upstream.labels(registry, *key)
+        child.inc()
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def _registry(self, host: str) -> str:
+        """The ``registry`` label of a request to ``host``: its own while it has series."""
+        return host if self._known(host) else NO_HOST
+
+    def forget(self, host: str) -> None:
+        """The host's state was let go of (issue 12): so are its series, or a proxy that sees
+        a new host under a wildcard every day would grow a series for each for ever."""
+        for answered in self._answered.pop(host, {}):
+            self.requests.remove(host, *answered)
+        for sent in self._sent.pop(host, {}):
+            self.upstream.remove(host, *sent)
+        for operation in ("Check", "Copy"):
+            self.wait.remove(host, operation)
+
+    def _fleet(self) -> FleetView:
+        fleet = self._scrape.fleet
+        assert fleet is not None  # its gauges exist only with a fleet, whose view is taken
+        return fleet
+
+    async def render(self) -> bytes:
+        """The text of one scrape: the live state read on the loop (:meth:`_take`), the text
+        made in a worker thread — with a thousand hosts and ten thousand rings that is a
+        quarter of a second of prometheus-client, which the loop must never wait for. One
+        scrape at a time: the collectors read the scrape taken for them."""
+        async with self._scraping:
+            self._scrape = self._take()
+            return await asyncio.to_thread(self._text)
+
+    def _take(self) -> Scrape:
+        views, levels, quotas, rings, refused, fleet = self._sources
+        shown, taken = 0, []
+        for host, stats in rings():  # no more than RING_SERIES rings copied
+            if shown >= RING_SERIES:
+                break
+            few = list(itertools.islice(stats, RING_SERIES - shown))
+            shown += len(few)
+            taken.append((host, few))
+        host_views, offset = views()
+        return Scrape(
+            views=host_views,
+            offset=offset,
+            rings=taken,
+            levels=levels(),
+            quotas=quotas(),
+            refused=[(registry, dict(counts)) for registry, counts in refused()],
+            fleet=None if fleet is None else fleet(),
+        )
+
+    def _text(self) -> bytes:
+        """In a worker thread: counters and histograms lock their own values."""
+        return generate_latest(self.registry) + ring_families(self._scrape.rings)
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    """What one scrape reads of the live state, copied on the event loop."""
+
+    views: Mapping[str, HostView] = field(default_factory=dict)
+    offset: float = 0.0  # wall − loop time
+    rings: list[tuple[str, list[RingStat]]] = field(default_factory=list)
+    levels: tuple[LevelView, ...] = ()
+    quotas: Mapping[str, QuotaSnapshot] = field(default_factory=dict)
+    refused: list[tuple[str, dict[str, int]]] = field(default_factory=list)
+    fleet: FleetView | None = None

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl
 from kuikproxy.config import Config, RegistrySettings
 from kuikproxy.core.flowcontrol import LevelView, Place
 from kuikproxy.core.images import BLOBS, MANIFESTS
+from kuikproxy.core.limits import Census, Limit, Limits, Refuse, admits_host
 from kuikproxy.core.quota import (
     BucketSpec,
     Category,
@@ -43,6 +44,7 @@ from kuikproxy.core.scheduler import (
     Hold,
     HostPacing,
     HostScheduler,
+    HostView,
     Operation,
     Pass,
     Read,
@@ -59,6 +61,8 @@ from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.flow import FlowGate
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
+from kuikproxy.runtime.refusals import Refusals
+from kuikproxy.runtime.sweeps import Sweeps
 from kuikproxy.upstream.client import UpstreamRequest, end_to_end
 from kuikproxy.upstream.registries import Registries
 
@@ -99,8 +103,19 @@ def pacing_of(settings: RegistrySettings, config: Config) -> HostPacing:
         follow_up=settings.check.follow_up,
         copy_idle=settings.copy.idle,
         copy_timeout=settings.copy.timeout,
+        copy_follow_up=settings.copy.follow_up,
         max_age=config.cache.max_age,
         retention=config.unused_image_retention,
+    )
+
+
+def limits_of(config: Config) -> Limits:
+    limits = config.limits
+    return Limits(
+        max_hosts=limits.max_hosts,
+        max_resources=limits.max_resources,
+        max_images=limits.max_images,
+        max_ring_images=limits.max_ring_images,
     )
 
 
@@ -120,8 +135,9 @@ class _Host:
         self.name = host
         self.settings = pacer.config.registry(host)
         self.scheduler = HostScheduler(
-            host, pacing_of(self.settings, pacer.config), now, origin=origin
+            host, pacing_of(self.settings, pacer.config), now, origin=origin, census=pacer.census
         )
+        self.refused = Refusals(host)  # its refusals (SPEC §12), forgotten with it
         if pacer.durable is not None:  # P13: its rings remember what to write
             pacer.durable.attach(host, self.scheduler)
         # blocks are host-wide for now (per_identity=False): the scheduler cannot yet keep one
@@ -129,9 +145,14 @@ class _Host:
         # asked again by anyone until then
         self.quota = HostQuota(quota_specs(self.settings), per_identity=False)
         self.waiters: dict[Ticket, _Waiter] = {}
+        # P11: the requests of clients that left (or were refused under maxHold), by their
+        # standing ticket: a window reads the image for them as for a waiting request
+        self.standing: dict[Ticket, RegistryRequest] = {}
+        # a series' timer while something may be due there; a series with none sleeps
         self.timers: dict[Operation, asyncio.TimerHandle] = {}
         self.arm(Operation.CHECK)
         self.arm(Operation.COPY)
+        self.schedule_sweep(now)
         if self.fleet is not None:
             pacer.spawn(self.align())
 
@@ -147,6 +168,8 @@ class _Host:
             self.arm(Operation.CHECK)
         if pacing.copy_interval != old.copy_interval:
             self.arm(Operation.COPY)
+        self.wake(Operation.CHECK)  # turned to prefetch: every ring is due (P7)
+        self.schedule_sweep(now)  # a shorter retention lets go sooner
         if self.fleet is not None and (
             (pacing.check_interval, pacing.copy_interval) != (old.check_interval, old.copy_interval)
         ):
@@ -164,11 +187,44 @@ class _Host:
         return self._series(operation).next_window()
 
     def arm(self, operation: Operation) -> None:
+        """Set the series' timer at its next window while something may be due there; with
+        nothing due it sleeps, timerless, until :meth:`wake` (issue 12: a quiet host costs no
+        CPU)."""
         loop = self.pacer.loop
         old = self.timers.pop(operation, None)
         if old is not None:
             old.cancel()
-        self.timers[operation] = loop.call_at(self.series(operation), self.window, operation)
+        at = self.scheduler.next_due(operation, loop.time())
+        if at is not None:
+            self.timers[operation] = loop.call_at(at, self.window, operation)
+
+    def wake(self, operation: Operation) -> None:
+        """Something may have become due on a sleeping series: its timer, at its next window
+        on its grid (P1); the windows it slept through were idle."""
+        if operation not in self.timers and self.scheduler.has_due(operation):
+            self.arm(operation)
+
+    def schedule_sweep(self, now: float) -> None:
+        """Have the host swept when its state next lapses (P8; forgotten, if it may be)."""
+        at = self.scheduler.next_sweep(now, forgettable=self.forgettable)
+        if at is not None:
+            self.pacer.sweeps.schedule(self.name, at)
+
+    @property
+    def forgettable(self) -> bool:
+        """Whether its state is let go of when unused: a host not in ``registries``."""
+        return self.name not in self.pacer.config.registries
+
+    def sweep(self, now: float) -> float | None:
+        """A sweep (:mod:`kuikproxy.runtime.sweeps`): ring images past their retention leave
+        (P8); a host that may be forgotten and is idle is. Returns when it is next due."""
+        s = self.scheduler
+        s.sweep(now)
+        forgettable = self.forgettable
+        if forgettable and s.idle(now) and not self.waiters and not self.standing:
+            self.pacer.forget(self.name)
+            return None
+        return s.next_sweep(now, forgettable=forgettable)
 
     def _series(self, operation: Operation) -> Series:
         s = self.scheduler
@@ -180,6 +236,7 @@ class _Host:
         return self.pacer.fleet if self.settings.fleet == "shared" else None
 
     def window(self, operation: Operation) -> None:
+        self.timers.pop(operation, None)  # it fired: armed again below, if it must be
         fleet = self.fleet
         if fleet is None or not self.scheduler.has_due(operation):
             self.open_window(operation, self.pacer.loop.time())
@@ -224,6 +281,8 @@ class _Host:
         s = self.scheduler
         result = s.check_window(now) if operation is Operation.CHECK else s.copy_window(now)
         self.arm(operation)
+        for ticket in result.lapsed:  # standing asks whose turn was lost (P11)
+            self.standing.pop(ticket, None)
         self.observe(operation, result, now)
         if result.read is not None:
             self.pacer.spawn(self.carry_out(result.read))
@@ -240,6 +299,7 @@ class _Host:
         """Stop the series; held requests get ``error``, or go at once when it is None."""
         for timer in self.timers.values():
             timer.cancel()
+        self.timers.clear()
         for waiter in list(self.waiters.values()):
             if waiter.future.done():
                 continue
@@ -260,10 +320,18 @@ class _Host:
             log.exception("%s: reading %s failed unexpectedly", self.name, read.image.key)
 
     def group(self, read: Read) -> list[Ticket]:
-        """The tickets still waiting that could stand in for the leader: those with its
-        credentials (R5)."""
+        """The tickets still waiting (or standing, P11) that could stand in for the leader:
+        those with its credentials (R5)."""
         auth = read.leader.auth if read.leader is not None else None
-        return [t for t in read.tickets if t.auth == auth and t in self.waiters]
+        return [t for t in read.tickets if t.auth == auth and self.request_of(t) is not None]
+
+    def request_of(self, ticket: Ticket) -> RegistryRequest | None:
+        """The request a ticket stands for: a waiting client's, or a standing ask's (P11);
+        None once its client has its outcome (refused meanwhile, say) or is gone."""
+        waiter = self.waiters.get(ticket)
+        if waiter is not None:
+            return None if waiter.future.done() else waiter.request
+        return self.standing.get(ticket)
 
     def template(self, read: Read) -> tuple[Ticket | None, RegistryRequest | None]:
         """Whose request a read sends, and the request: the leader's (or, if its client just
@@ -291,8 +359,10 @@ class _Host:
         if not group:
             return None, None
         first = read.leader if read.leader in group else group[0]
-        leader = self.waiters[first].request
-        if leader.method == "HEAD" and any(self.waiters[t].request.method == "GET" for t in group):
+        requests = {t: self.request_of(t) for t in group}
+        leader = requests[first]
+        assert leader is not None
+        if leader.method == "HEAD" and any(r and r.method == "GET" for r in requests.values()):
             return first, replace(leader, method="GET")
         return first, leader
 
@@ -347,6 +417,8 @@ class _Host:
             released = self.scheduler.check_read_done(
                 read, self.pacer.loop.time(), served=served, digest=digest, kept=kept
             )
+            for ticket in served:  # a standing ask read: its retry finds the answer kept
+                self.standing.pop(ticket, None)
             if self.pacer.durable is not None:
                 self.pacer.durable.flush_soon()
             self.resolve(released, Go())
@@ -415,14 +487,15 @@ class _Host:
             self.pacer.spawn(fleet.share(self.name, image_key, answer, ttl))
 
     def served_by(self, answer: Answer, sent: Ticket | None, read: Read) -> list[Ticket]:
-        """The tickets still waiting that this answer serves (R2): the one whose request was
-        sent, whatever type the registry gave it (it negotiated with that request's ``Accept``),
-        and every other that R5 and R3 let it serve. Clients may have left while it was read."""
+        """The tickets still waiting (or standing, P11) that this answer serves (R2): the one
+        whose request was sent, whatever type the registry gave it (it negotiated with that
+        request's ``Accept``), and every other that R5 and R3 let it serve — those that came
+        while it was read too. Clients may have left while it was read."""
         return [
             t
-            for t in read.tickets
-            if (waiter := self.waiters.get(t)) is not None
-            and (t is sent or answer.may_serve(waiter.request))
+            for t in (*read.tickets, *self.scheduler.riders(read))
+            if (request := self.request_of(t)) is not None
+            and (t is sent or answer.may_serve(request))
         ]
 
     def answer(self, served: list[Ticket], sent: Ticket | None, answer: Answer) -> None:
@@ -469,24 +542,36 @@ class _Host:
             if isinstance(decision, Reuse):
                 assert kept is not None
                 self.pacer.kept.count(hit=True)
+                self.admitted(Operation.CHECK, now)
                 return kept
             self.pacer.kept.count(hit=False)
         else:
             decision = s.copy(
                 request.resource, request.image, now, opens=request.opens, auth=request.auth
             )
+        if isinstance(decision, Refuse):
+            raise self.refused.refusal(decision.limit, self.pacer.limits, now, self.name)
+        self.admitted(request.operation, now)
         if isinstance(decision, Pass):
-            return self.go_copy() if request.operation is Operation.COPY else Go()
+            return self.go_copy() if decision.in_copy else Go()
         assert isinstance(decision, Hold)
         ticket = decision.ticket
         if self.outlasted(ticket):
-            raise self.refusal(ticket, now)
+            raise self.refusal(ticket, request, now)
         try:
             place = request.flow.park(self.series(ticket.operation) - now)
         except TooManyRequests:
             s.cancel(ticket)  # refused at its flow's queues: it never waited (P11)
             raise
         return self.hold(ticket, request, place)
+
+    def admitted(self, operation: Operation, now: float) -> None:
+        """After a request was let in: its series wakes if it has something due now (a held
+        request, a prefetch ring made, P7), and the host is swept when its first ring's
+        retention ends (P8 needs no window)."""
+        self.wake(operation)
+        if self.name not in self.pacer.sweeps:
+            self.schedule_sweep(now)
 
     def outlasted(self, ticket: Ticket) -> bool:
         """Whether the host's block outlasts this check's ``check.maxHold``: it would be held
@@ -504,7 +589,7 @@ class _Host:
         """A block began: the held checks it outlasts are refused now, not at their maxHold."""
         for ticket, waiter in list(self.waiters.items()):
             if not waiter.future.done() and self.outlasted(ticket):
-                waiter.future.set_exception(self.refusal(ticket, now))
+                waiter.future.set_exception(self.refusal(ticket, waiter.request, now))
 
     async def hold(self, ticket: Ticket, request: RegistryRequest, place: Place) -> Answer | Go:
         loop = self.pacer.loop
@@ -529,20 +614,27 @@ class _Host:
             del self.waiters[ticket]
             request.flow.unpark(place)
             if not waiter.future.done() or waiter.future.cancelled():
-                self.scheduler.cancel(ticket)  # the client went away (P11)
+                self.stand(ticket, request)  # the client went away (P11)
+
+    def stand(self, ticket: Ticket, request: RegistryRequest) -> None:
+        """P11: ``ticket``'s client is gone, its image stays asked: kept with its request, so
+        the window that reads it reads what the client asked for, with its credentials."""
+        if self.scheduler.stand(ticket, self.pacer.loop.time()):
+            self.standing[ticket] = request
 
     def held_too_long(self, ticket: Ticket) -> None:
         """P7: ``check.maxHold`` passed: 429 with the time until the image's turn."""
         waiter = self.waiters.get(ticket)
         if waiter is not None and not waiter.future.done():
-            waiter.future.set_exception(self.refusal(ticket, self.pacer.loop.time()))
+            now = self.pacer.loop.time()
+            waiter.future.set_exception(self.refusal(ticket, waiter.request, now))
 
-    def refusal(self, ticket: Ticket, now: float) -> TooManyRequests:
+    def refusal(self, ticket: Ticket, request: RegistryRequest, now: float) -> TooManyRequests:
         """The 429 of a check that cannot be served within its ``check.maxHold``, with the time
-        until its image's turn (at least until the block ends: refusals count down); the ticket
-        stops waiting, its image keeps its place in the ring (P7)."""
+        until just after the window that reads its image (at least until the block ends:
+        refusals count down); the ticket stops waiting, its image stays asked (P7, P11)."""
         retry_after = self.scheduler.retry_after(ticket, now)
-        self.scheduler.cancel(ticket)
+        self.stand(ticket, request)
         return TooManyRequests(
             f"{self.name} cannot be read within check.maxHold "
             f"({self.scheduler.pacing.max_hold:g}s)",
@@ -573,29 +665,75 @@ class Pacer:
         self.kept = KeptAnswers(config.cache.max_entries, config.cache.max_bytes)
         self.flow = FlowGate(config.flow_control, self.loop)
         self.observers: list[WindowObserver] = []
+        # told the name of each host whose state is let go of (forgotten, or no longer paced)
+        self.forgetters: list[Callable[[str], None]] = []
+        # every host's resources and ring images, counted against the limits (issue 12)
+        self.census = Census(limits_of(config))
+        self.sweeps = Sweeps(self.loop, self._sweep)
+        self.refused = Refusals(None)  # refusals no host's state answers for (maxHosts)
         self._hosts: dict[str, _Host] = {}
+        self._extra: set[str] = set()  # hosts with state not in registries (maxHosts)
         self.tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         for host in config.configured_hosts():
             if config.registry(host).paced:
                 self._host(host)
 
-    def _host(self, host: str) -> _Host:
+    @property
+    def limits(self) -> Limits:
+        return self.census.limits
+
+    def _host(self, host: str, *, restored: bool = False) -> _Host:
+        """The host's runtime, made at its first request. A host not in ``registries`` is
+        refused when ``maxHosts`` such hosts have state already, unless its state is being
+        restored (P13: it was admitted before the restart)."""
         runtime = self._hosts.get(host)
         if runtime is None:
+            now = self.loop.time()
+            extra = host not in self.config.registries
+            if extra and not restored and not admits_host(len(self._extra), self.limits):
+                raise self.refused.refusal(Limit.HOSTS, self.limits, now, host)
+            if extra:
+                self._extra.add(host)
             # every series starts with the proxy (P1); a host first seen later has had idle
             # windows until then, never an earlier first window
-            runtime = self._hosts[host] = _Host(self, host, self.started, self.loop.time())
+            runtime = self._hosts[host] = _Host(self, host, self.started, now)
         return runtime
 
     def restore(self, host: str, rings: dict[str, RingState], blocked_until: float | None) -> None:
         """P13: ``host``'s rings and block as saved before a restart, in loop time, before
         anything is served. Its series start with the proxy like any other host's (P1)."""
-        runtime = self._host(host)
+        runtime = self._host(host, restored=True)
         for resource, state in rings.items():
             runtime.scheduler.restore(resource, state)
         if blocked_until is not None:
             runtime.block(blocked_until)
+        now = self.loop.time()
+        runtime.wake(Operation.CHECK)  # prefetch rings are due at once (P7)
+        runtime.schedule_sweep(now)  # the restored rings expire like any (P8)
+
+    def _sweep(self, name: str, now: float) -> float | None:
+        host = self._hosts.get(name)
+        return None if host is None else host.sweep(now)
+
+    def forget(self, name: str) -> None:
+        """Let go of an idle host's state (issue 12): what it held is unused since a retention,
+        so it costs nothing to make again; its refusal counts and window log go with it."""
+        host = self._hosts.pop(name)
+        self._extra.discard(name)
+        host.close(None)  # nothing is held: its timers only
+        if self.durable is not None:  # nothing left to write but what expired (P13)
+            self.durable.detach(name)
+        self._let_go(name, host)
+
+    def _let_go(self, name: str, host: _Host) -> None:
+        """What every host whose state is dropped goes through (forgotten, or no longer
+        paced): its resources and images leave the census, it is swept no more, and the
+        forgetters hear of it."""
+        host.scheduler.forget()
+        self.sweeps.drop(name)
+        for forgotten in self.forgetters:
+            forgotten(name)
 
     def reconfigure(self, config: Config) -> None:
         """Apply a valid new config in place (P12, §7.2). Hosts still paced take their new
@@ -618,6 +756,9 @@ class Pacer:
                 host.close(None)
             else:
                 host.close(Denied(f"{name} is no longer allowed by kuikproxy's configuration"))
+            self._let_go(name, host)  # the state file keeps its rings for a later config
+        self.census.limits = limits_of(config)  # new limits refuse from now on, drop nothing
+        self._extra = {name for name in self._hosts if name not in config.registries}
         for name in config.configured_hosts():
             if config.registry(name).paced and name not in self._hosts:
                 self._hosts[name] = _Host(self, name, now, now)
@@ -625,6 +766,35 @@ class Pacer:
     @property
     def hosts(self) -> dict[str, HostScheduler]:
         return {name: h.scheduler for name, h in sorted(self._hosts.items())}
+
+    def views(
+        self, now: float, resources: Collection[str] = (), hosts: Collection[str] | None = None
+    ) -> dict[str, HostView]:
+        """The views at ``now`` of ``hosts`` (default: every host), in host order, each with
+        the rings and copy queues of ``resources`` only (found through the census): what
+        ``/status`` and the page show costs what they show, not what the proxy holds."""
+        where: dict[str, list[str]] = {}
+        for resource in resources:
+            for host in self.census.hosts(resource):
+                where.setdefault(host, []).append(resource)
+        return {
+            name: h.scheduler.view(now, where.get(name, ()))
+            for name, h in sorted(self._hosts.items())
+            if hosts is None or name in hosts
+        }
+
+    def ring_stats(self) -> Iterator[tuple[str, Iterator[tuple[str, int, float | None]]]]:
+        """Each host's rings as a metrics scrape reads them (:meth:`HostScheduler.ring_stats`)."""
+        for name, host in sorted(self._hosts.items()):
+            yield name, host.scheduler.ring_stats()
+
+    def refusals(self) -> dict[str, dict[str, int]]:
+        """The refusal counts of each host that has refused something (SPEC §12)."""
+        return {name: dict(h.refused.counts) for name, h in self._hosts.items() if h.refused.counts}
+
+    def known(self, host: str) -> bool:
+        """Whether ``host`` is configured or has state: what has metrics series of its own."""
+        return host in self._hosts or host in self.config.registries
 
     async def from_fleet(self, request: RegistryRequest) -> None:
         """Before a check is admitted: when no answer kept here may serve it, the answers the
@@ -641,6 +811,14 @@ class Pacer:
         to await for its window. Not a coroutine itself: a held request pays for each frame."""
         if self._closed:
             raise Unavailable("kuikproxy is shutting down")
+        if request.host not in self._hosts:
+            # a host's first request makes a ring or a copy queue: one the census would refuse
+            # is refused before the host is made, so that it leaves nothing behind
+            checks = request.operation is Operation.CHECK
+            refusal = self.census.refusal(request.resource, int(checks), 0)
+            if refusal is not None:
+                now = self.loop.time()
+                raise self.refused.refusal(refusal.limit, self.limits, now, request.host)
         return self._host(request.host).admit(request)
 
     @asynccontextmanager
@@ -681,6 +859,8 @@ class Pacer:
         """Wait until a request to ``name`` with the client's ``authorization`` may take a token
         from every bucket of ``categories`` and no block is in force, and take them."""
         host = self._host(name)
+        # in use, though maybe never admitted (unpaced, token requests): not to be forgotten
+        host.scheduler.last_request = self.loop.time()
         own = self.registries.has_credentials(name)
         identity = identity_of(authorization, own_credential=own)
         fleet = host.fleet
@@ -743,6 +923,7 @@ class Pacer:
         error = Unavailable("kuikproxy is shutting down")
         for host in self._hosts.values():
             host.close(error)
+        self.sweeps.close()
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)

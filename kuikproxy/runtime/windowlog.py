@@ -25,6 +25,11 @@ class WindowLog:
             series = self._series[(host, operation)] = deque(maxlen=self._kept)
         series.append((result.at, result.outcome.value))
 
+    def forget(self, host: str) -> None:
+        """The host's state was let go of (issue 12): its windows go with it."""
+        for operation in Operation:
+            self._series.pop((host, operation), None)
+
     def recent(self, host: str, operation: Operation) -> list[tuple[float, str]]:
         """The last windows of a series, oldest first: (window time on the loop clock, outcome)."""
         return list(self._series.get((host, operation), ()))

@@ -32,7 +32,7 @@ from kuikproxy.runtime.content import content_of
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.fleet import FleetView
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest, forwarded
-from kuikproxy.runtime.metrics import Metrics
+from kuikproxy.runtime.metrics import NO_HOST, Metrics
 from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.runtime.pings import KeptPings
 from kuikproxy.runtime.watch import FileWatch
@@ -278,15 +278,15 @@ async def healthz(request: web.Request) -> web.StreamResponse:
 
 
 def _views(app: web.Application) -> tuple[dict[str, HostView], float]:
-    """Every host's snapshot now, and the offset from loop time to wall time."""
+    """Every host's snapshot now (without rings: a scrape reads those through
+    :meth:`Pacer.ring_stats`), and the offset from loop time to wall time."""
     pacer = app[PACER]
-    now = pacer.loop.time()
-    return {host: s.view(now) for host, s in pacer.hosts.items()}, pacer.wall_offset
+    return pacer.views(pacer.loop.time()), pacer.wall_offset
 
 
 async def metrics_page(request: web.Request) -> web.StreamResponse:
     """``/metrics`` (SPEC §9), Prometheus text format."""
-    body = request.app[METRICS].render()
+    body = await request.app[METRICS].render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -296,28 +296,51 @@ async def status_schema(request: web.Request) -> web.StreamResponse:
 
 
 async def status(request: web.Request) -> web.StreamResponse:
-    """``/status`` (SPEC §8), narrowed by ``?resource=`` and ``?registry=``."""
+    """``/status`` (SPEC §8), narrowed by ``?resource=`` and ``?registry=``; resources come a
+    page at a time (``?after=``, ``?limit=``), so that no status holds the loop for long."""
     pacer = request.app[PACER]
     now = pacer.loop.time()
     clock = status_models.Clock(pacer.wall_offset)
     loaded = request.app[RELOADER].loaded
-    document = status_models.build_status(
-        {host: scheduler.view(now) for host, scheduler in pacer.hosts.items()},
-        clock,
-        started=pacer.started,
-        config=status_models.ConfigStatus(
-            generation=loaded.generation, loadedAt=clock.rfc3339(loaded.at), lastError=loaded.error
-        ),
-        kept=pacer.kept,
-        quotas=pacer.quotas(now),
-        flow=status_models.flow_control_status(
-            pacer.flow.settings.server_concurrency_limit, pacer.levels(), clock
-        ),
-        fleet=None if pacer.fleet is None else _fleet_status(pacer.fleet.view(), clock),
-        resource=request.query.get("resource"),
-        registry=request.query.get("registry"),
+    query = request.query
+    try:
+        limit = int(query.get("limit", status_models.DEFAULT_PAGE))
+    except ValueError:
+        raise web.HTTPBadRequest(text="limit: not a number") from None
+    page = status_models.resource_page(
+        pacer.census,
+        resource=query.get("resource"),
+        after=query.get("after"),
+        limit=min(max(limit, 1), status_models.MAX_PAGE),
     )
-    return web.json_response(text=document.model_dump_json(by_alias=True))
+    # the state is read here, on the loop; the document is built and dumped in a worker
+    # thread: with a thousand hosts that is tens of milliseconds the loop must not wait for
+    views, quotas, levels = pacer.views(now, page.names), pacer.quotas(now), pacer.levels()
+    fleet = None if pacer.fleet is None else pacer.fleet.view()
+    refused, refused_elsewhere = pacer.refusals(), dict(pacer.refused.counts)
+    concurrency = pacer.flow.settings.server_concurrency_limit
+
+    def document() -> str:
+        return status_models.build_status(
+            views,
+            clock,
+            page=page,
+            started=pacer.started,
+            config=status_models.ConfigStatus(
+                generation=loaded.generation,
+                loadedAt=clock.rfc3339(loaded.at),
+                lastError=loaded.error,
+            ),
+            kept=pacer.kept,
+            quotas=quotas,
+            flow=status_models.flow_control_status(concurrency, levels, clock),
+            fleet=None if fleet is None else _fleet_status(fleet, clock),
+            refused=refused,
+            refused_elsewhere=refused_elsewhere,
+            registry=query.get("registry"),
+        ).model_dump_json(by_alias=True)
+
+    return web.json_response(text=await asyncio.to_thread(document))
 
 
 def _fleet_status(view: FleetView, clock: status_models.Clock) -> status_models.FleetStatus:
@@ -407,8 +430,12 @@ class _Lifecycle:
             pacer.levels,
             lambda: pacer.quotas(pacer.loop.time()),
             None if link is None else link.view,
+            rings=pacer.ring_stats,
+            refused=lambda: [(NO_HOST, pacer.refused.counts), *pacer.refusals().items()],
+            known=pacer.known,
         )
         pacer.observers.append(app[WINDOW_LOG].observe)
+        pacer.forgetters += [app[WINDOW_LOG].forget, app[METRICS].forget]
         reloader = app[RELOADER] = Reloader(
             self.config_path, app[CURRENT], pacer, registries, lambda: app[METRICS]
         )

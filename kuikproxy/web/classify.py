@@ -26,7 +26,7 @@ from kuikproxy.core.images import (
     parse_repository,
 )
 from kuikproxy.core.scheduler import Operation
-from kuikproxy.errors import Denied, NameInvalid, NameUnknown, NotFound
+from kuikproxy.errors import Ambiguous, Denied, NameInvalid, NameUnknown, NotFound
 from kuikproxy.runtime.flow import FlowGate
 from kuikproxy.runtime.messages import KUIK_OPERATION, RegistryRequest
 
@@ -106,15 +106,18 @@ def locate(route: Route, query: Query, host_header: str, config: Config) -> Targ
     """The registry host a request is for (SPEC §3), in order: ``?ns=`` (containerd), a path
     prefix (``/v2/<host>/<repository>/...``), the ``Host`` header through ``hostAliases``, and
     ``defaultRegistry``. A host that is not allowed (§3.1) is refused before anything else."""
-    ns = next((v for k, v in query if k == "ns"), None)
-    if ns is not None:
-        try:
-            host = validate_host(ns)
-        except ValueError as e:
-            raise Denied(f"invalid ns {ns[:200]!r}", detail={"ns": ns[:200]}) from e
-        return Target(_allowed(host, config), route, by_ns=True)
+    ns = _ns(query)
     first, slash, rest = route.repository.partition("/")
-    if slash and _names_a_host(first):
+    prefixed = bool(slash) and _names_a_host(first)
+    if ns is not None:
+        host = _allowed(ns, config)
+        if not prefixed:
+            return Target(host, route, by_ns=True)
+        named = _prefix_host(first, config)
+        if named != host:
+            raise _ambiguous(host, named, "the path names")
+        return Target(host, Route(route.kind, rest, route.reference), by_ns=True, prefix=first)
+    if prefixed:
         host = _prefix_host(first, config)
         return Target(host, Route(route.kind, rest, route.reference), by_ns=False, prefix=first)
     alias = config.host_aliases.get(host_header.lower())
@@ -122,6 +125,30 @@ def locate(route: Route, query: Query, host_header: str, config: Config) -> Targ
         alias = config.host_aliases.get(host_header.lower().rpartition(":")[0])
     host = _allowed(alias or config.default_registry, config)
     return Target(host, route, by_ns=False, by_default=alias is None)
+
+
+def _ns(query: Query) -> str | None:
+    """The host ``?ns=`` names, if any; every ``ns`` must name the same one (a forward
+    proxy's target arrives as one too)."""
+    hosts: list[str] = []
+    for key, value in query:
+        if key != "ns":
+            continue
+        try:
+            host = validate_host(value)
+        except ValueError as e:
+            raise Denied(f"invalid ns {value[:200]!r}", detail={"ns": value[:200]}) from e
+        if hosts and host != hosts[0]:
+            raise _ambiguous(hosts[0], host, "another ns names")
+        hosts.append(host)
+    return hosts[0] if hosts else None
+
+
+def _ambiguous(host: str, other: str, how: str) -> Ambiguous:
+    return Ambiguous(
+        f"ambiguous registry: ns names {host} but {how} {other}",
+        detail={"hosts": [host, other]},
+    )
 
 
 def _names_a_host(segment: str) -> bool:
@@ -132,11 +159,12 @@ def _names_a_host(segment: str) -> bool:
 
 def _prefix_host(segment: str, config: Config) -> str:
     """The host a path prefix names; ``reg.local-5000`` may mean ``reg.local:5000`` (kuik v1).
-    A prefix that cannot be a host (``..``) makes the whole name malformed."""
+    A prefix that cannot be a host (``..``) makes the whole name malformed: no such repository
+    can exist (404, as for any malformed name on a read)."""
     try:
         host = validate_host(segment)
     except ValueError as e:
-        raise NameInvalid(f"invalid registry host {segment[:200]!r} in the path") from e
+        raise NameUnknown(f"invalid registry host {segment[:200]!r} in the path") from e
     dashed = _DASH_PORT.fullmatch(segment) if ":" not in segment else None
     if dashed is not None and int(dashed["port"]) <= 65535:
         with_port = validate_host(f"{dashed['host']}:{dashed['port']}")

@@ -30,6 +30,11 @@ from kuikproxy.web.keys import PACER, WINDOW_LOG
 REFRESH = 2
 """Seconds between reloads of the page."""
 POSITION_BUDGET = 100_000
+PAGE_HOSTS = 50
+"""Host cards one page draws (configured hosts first): with a thousand hosts under wildcards,
+a page of them all would take the event loop for a tenth of a second and be unreadable."""
+PAGE_RESOURCES = 200
+"""Resources whose rings one page lists, in name order; every one of them is in ``/status``."""
 """How many hold-ring images one page may count to place cursors (~10 ms in all): past it,
 rings get no lap bar, so that a page never holds the event loop for long, however many rings."""
 OUTCOMES = ("used", "idle", "busy", "blocked", "fleet")
@@ -48,6 +53,7 @@ OUTCOME_MEANINGS = {
     "fleet": "another proxy of the fleet used it",
 }
 CELL = 9  # px per window in a timeline
+TIMELINE = 60  # windows in a timeline
 CELL_GAP = 2
 
 
@@ -81,6 +87,8 @@ class Snapshot:
     rings: list[RingRow]
     copy_queues: dict[str, dict[str, int]]  # resource → host → queued
     levels: tuple[LevelView, ...]  # flow control's priority levels (§10)
+    hosts_total: int  # hosts with state, shown or not
+    resources_total: int  # resources with state, shown or not
 
 
 def snapshot(app: web.Application) -> Snapshot:
@@ -88,11 +96,17 @@ def snapshot(app: web.Application) -> Snapshot:
     pacer, log = app[PACER], app[WINDOW_LOG]
     now = pacer.loop.time()
     schedulers = pacer.hosts
-    views = {host: scheduler.view(now) for host, scheduler in schedulers.items()}
+    names, _ = pacer.census.page(None, PAGE_RESOURCES)
+    configured = pacer.config.registries
+    cards = sorted(schedulers, key=lambda host: (host not in configured, host))[:PAGE_HOSTS]
+    # the hosts drawn, and those the listed resources have rings on: no other is viewed
+    wanted = {*cards, *(host for name in names for host in pacer.census.hosts(name))}
+    every = pacer.views(now, names, wanted)
+    views = {host: every[host] for host in sorted(cards)}
     rings: list[RingRow] = []
     queues: dict[str, dict[str, int]] = {}
     budget = POSITION_BUDGET
-    for host, view in views.items():
+    for host, view in every.items():
         for ring in view.rings:
             position, waiting = schedulers[host].ring_progress(ring.resource, budget)
             if position is not None:
@@ -119,7 +133,16 @@ def snapshot(app: web.Application) -> Snapshot:
         for operation in (Operation.CHECK, Operation.COPY)
     }
     return Snapshot(
-        now, pacer.wall_offset, pacer.started, views, recent, rings, queues, pacer.levels()
+        now,
+        pacer.wall_offset,
+        pacer.started,
+        views,
+        recent,
+        rings,
+        queues,
+        pacer.levels(),
+        len(schedulers),
+        len(pacer.census),
     )
 
 
@@ -155,9 +178,28 @@ def _counts(windows: dict[str, int]) -> str:
     return f'<div class="counts">{cells}</div>'
 
 
+def on_grid(
+    series: SeriesView, logged: list[tuple[float, str]], slots: int
+) -> list[tuple[float, str]]:
+    """The last ``slots`` windows of a series up to its latest, on its grid (P1): each with its
+    logged outcome, or idle when none was logged — a series with nothing due sleeps and fires
+    no window, so the windows it let pass were idle (P3). Windows of a grid the series left
+    (a restart, P12) are not on this one."""
+    origin, interval = series.origin, series.interval
+    outcomes = {}
+    for at, outcome in logged:
+        k = (at - origin) / interval
+        if abs(k - round(k)) < 1e-6:
+            outcomes[round(k)] = outcome
+    last = round((series.next_window - origin) / interval) - 1
+    first = max(1, last - slots + 1)
+    return [(origin + k * interval, outcomes.get(k, "idle")) for k in range(first, last + 1)]
+
+
 def timeline(snap: Snapshot, windows: list[tuple[float, str]], slots: int) -> str:
     """The last windows of a series, oldest left, as colored cells (an SVG); each cell's
-    tooltip gives its time and outcome. Empty slots on the left until the log fills."""
+    tooltip gives its time and outcome. Empty slots on the left until the series has had
+    ``slots`` windows."""
     width = slots * (CELL + CELL_GAP)
     cells = []
     start = slots - len(windows)
@@ -202,7 +244,7 @@ def _series(
         f'<span class="until">{_until(snap, series.next_window)}</span></div>'
         f'<div class="facts">{rows}</div>'
         f"{_counts(series.windows)}"
-        f"{timeline(snap, windows, 60)}</div>"
+        f"{timeline(snap, on_grid(series, windows, TIMELINE), TIMELINE)}</div>"
     )
 
 
@@ -315,6 +357,13 @@ def ring_rows(snap: Snapshot) -> str:
         )
     if not rows:
         return '<p class="muted">No resource has asked for an image yet.</p>'
+    shown = len({row.resource for row in snap.rings} | set(snap.copy_queues))
+    more = (
+        f'<p class="note">The first {shown} of {snap.resources_total} resources; the others '
+        "are in /status, a page at a time (?after=).</p>"
+        if snap.resources_total > shown
+        else ""
+    )
     return (
         '<table class="rings"><thead><tr><th>resource</th><th>registry</th>'
         '<th class="num">images</th><th>lap progress (cursor)</th><th>cursor</th>'
@@ -324,7 +373,7 @@ def ring_rows(snap: Snapshot) -> str:
         f"<tbody>{''.join(rows)}</tbody></table>"
         '<p class="note">lap progress: the cursor\'s place in the ring. last lap vs best case: '
         "cycleDuration / (images × check interval); above 1 the ring shares its host or loses "
-        f'windows, <span class="ratio slow">red</span> above {SLOW_LAP}.</p>'
+        f'windows, <span class="ratio slow">red</span> above {SLOW_LAP}.</p>{more}'
     )
 
 
@@ -432,6 +481,11 @@ def render(snap: Snapshot) -> str:
         hosts = (
             '<p class="muted">No registry has been asked for anything yet: a host appears '
             "here at its first request.</p>"
+        )
+    elif snap.hosts_total > len(snap.views):
+        hosts += (
+            f'<p class="note">{len(snap.views)} of {snap.hosts_total} hosts (configured ones '
+            "first); every one is in /status.</p>"
         )
     uptime = human_span(max(snap.now - snap.started, 0.0))
     return (

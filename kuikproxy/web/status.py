@@ -7,11 +7,13 @@ computes pacing state: it renders :class:`~kuikproxy.core.scheduler.HostView` sn
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kuikproxy.core.flowcontrol import LevelView
+from kuikproxy.core.limits import Census
 from kuikproxy.core.quota import QuotaSnapshot
 from kuikproxy.core.scheduler import HostView, SeriesView
 from kuikproxy.durations import format_duration
@@ -73,6 +75,11 @@ class RegistryStatus(_Model):
     copy_: CopySeries = Field(alias="copy")
     blocked_until: str | None = Field(alias="blockedUntil")
     quota: QuotaStatus | None = Field(description="None: the host rations nothing")
+    refused: dict[str, int] = Field(
+        default_factory=dict,
+        description="requests kuikproxy refused itself, by reason (a limit: maxResources, "
+        "maxImages, maxRingImages)",
+    )
 
 
 class RingStatus(_Model):
@@ -162,7 +169,19 @@ class Status(_Model):
     started_at: str = Field(alias="startedAt")
     config: ConfigStatus
     registries: dict[str, RegistryStatus]
-    resources: dict[str, ResourceStatus]
+    resources: dict[str, ResourceStatus] = Field(
+        description="a page of the resources with state, in name order (?after=, ?limit=)"
+    )
+    resources_total: int = Field(
+        alias="resourcesTotal", description="resources with state, over every page"
+    )
+    resources_next: str | None = Field(
+        alias="resourcesNext",
+        description="the ?after= of the next page of resources; None: this page is the last",
+    )
+    refused: dict[str, int] = Field(
+        description="requests refused for a host kuikproxy holds no state for, by reason (maxHosts)"
+    )
     cache: CacheStatus
     flow_control: FlowControlStatus = Field(alias="flowControl")
     fleet: FleetStatus | None = Field(None, description="None: this proxy paces alone")
@@ -206,8 +225,37 @@ def quota_status(quota: QuotaSnapshot, clock: Clock) -> QuotaStatus | None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ResourcePage:
+    """The resources one ``/status`` lists: a page of those with state, in name order — so
+    that a status costs what it shows, however many resources there are (issue 12)."""
+
+    names: list[str]
+    total: int
+    next: str | None  # the ``after`` of the next page; None on the last
+
+
+DEFAULT_PAGE = 100
+"""Resources a ``/status`` lists unless ``?limit=`` says otherwise (~5 ms to build)."""
+MAX_PAGE = 1_000
+"""The most resources one ``/status`` lists (~50 ms)."""
+
+
+def resource_page(
+    census: Census, *, resource: str | None, after: str | None, limit: int
+) -> ResourcePage:
+    """The page ``?resource=`` (that one alone), or ``?after=`` and ``?limit=``, ask for."""
+    if resource is not None:
+        return ResourcePage([resource] if resource in census else [], len(census), None)
+    names, more = census.page(after, limit)
+    return ResourcePage(names, len(census), names[-1] if more else None)
+
+
 def registry_status(
-    view: HostView, clock: Clock, quota: QuotaSnapshot | None = None
+    view: HostView,
+    clock: Clock,
+    quota: QuotaSnapshot | None = None,
+    refused: dict[str, int] | None = None,
 ) -> RegistryStatus:
     return RegistryStatus(
         check=CheckSeries(
@@ -229,6 +277,7 @@ def registry_status(
         ),
         blockedUntil=None if view.blocked_until is None else clock.rfc3339(view.blocked_until),
         quota=None if quota is None else quota_status(quota, clock),
+        refused=refused or {},
     )
 
 
@@ -239,19 +288,25 @@ def build_status(
     started: float,
     config: ConfigStatus,
     kept: KeptAnswers,
+    page: ResourcePage,
     quotas: dict[str, QuotaSnapshot] | None = None,
     flow: FlowControlStatus | None = None,
     fleet: FleetStatus | None = None,
-    resource: str | None = None,
+    refused: dict[str, dict[str, int]] | None = None,
+    refused_elsewhere: dict[str, int] | None = None,
     registry: str | None = None,
 ) -> Status:
+    """The document from every host's view, each narrowed to the resources of ``page``;
+    ``refused`` by host, ``refused_elsewhere`` for refusals no host's state answers for."""
     rings: dict[str, list[RingStatus]] = {}
     queues: dict[str, list[QueueStatus]] = {}
     registries = {}
     for host, view in views.items():
         if registry is not None and host != registry:
             continue
-        registries[host] = registry_status(view, clock, (quotas or {}).get(host))
+        registries[host] = registry_status(
+            view, clock, (quotas or {}).get(host), (refused or {}).get(host)
+        )
         for ring in view.rings:
             rings.setdefault(ring.resource, []).append(
                 RingStatus(
@@ -268,7 +323,6 @@ def build_status(
             )
         for name, queued in view.copy_queues.items():
             queues.setdefault(name, []).append(QueueStatus(registry=host, queued=queued))
-    names = sorted(set(rings) | set(queues))
     return Status(
         startedAt=clock.rfc3339(started),
         config=config,
@@ -278,9 +332,12 @@ def build_status(
                 checks=Rings(registries=rings.get(name, [])),
                 copies=Queues(registries=queues.get(name, [])),
             )
-            for name in names
-            if resource is None or name == resource
+            for name in page.names
+            if name in rings or name in queues
         },
+        resourcesTotal=page.total,
+        resourcesNext=page.next,
+        refused=refused_elsewhere or {},
         cache=CacheStatus(entries=len(kept), bytes=kept.bytes, hits=kept.hits, misses=kept.misses),
         flowControl=flow or FlowControlStatus(serverConcurrencyLimit=0, priorityLevels=[]),
         fleet=fleet,

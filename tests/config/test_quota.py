@@ -361,7 +361,7 @@ registries:
         in text
     )
     azure = text.split("\nr.azurecr.io\n")[1].split("\n\n")[0]
-    assert azure.endswith(
+    assert (
         "  quota: preset acr-basic\n"
         "    DataplaneRead per registry: 10000/min, burst 167\n"
         "    DataplaneRead per identity: 5000/min, burst 84\n"
@@ -372,16 +372,49 @@ registries:
         "    ListReferrers per registry: 500/min, burst 9\n"
         "    ListReferrers per identity: 250/min, burst 5\n"
         "    OAuth per registry: 10000/min, burst 167\n"
-        "    OAuth per identity: 12.5/min, burst 3 (explicit)"
+        "    OAuth per identity: 12.5/min, burst 3 (explicit)" in azure
     )
     plain = text.split("\nplain.example\n")[1].split("\n\n")[0]
-    assert plain.endswith("  quota: none")
+    assert "  quota: none\n" in plain
     only_buckets = describe(
         parse_config(
             "registries: {default: {quota: {buckets: "
             "[{category: OAuth, scope: registry, ratePerMinute: 6, burst: 1}]}}}"
         )
     )
-    assert only_buckets.endswith(
-        "  quota: no preset\n    OAuth per registry: 6/min, burst 1 (explicit)\n"
-    )
+    assert "  quota: no preset\n    OAuth per registry: 6/min, burst 1 (explicit)\n" in only_buckets
+
+
+@pytest.mark.parametrize(
+    ("block", "shown", "warned"),
+    [
+        # Docker Hub anonymous: 100 pulls per 6h, copies only (HEAD checks are free)
+        ("quota: {preset: dockerhub-anonymous}", "quota allows 16.7/h", False),
+        ("copy: {interval: 1m}\n    quota: {preset: dockerhub-anonymous}", "60 copies/h", True),
+        (
+            "copy: {interval: 3m}\n    quota: {preset: dockerhub-authenticated}",
+            "20 copies/h",
+            False,
+        ),
+        ("copy: {interval: 1m}\n    quota: {preset: dockerhub-authenticated}", "33.3/h", True),
+        (
+            "check: {interval: 1s}\n    quota: {preset: dockerhub-anonymous}",
+            "3,600 checks/h",
+            False,
+        ),
+        # ACR: every read counts, checks and copies alike
+        ("quota: {preset: acr-basic}", "quota allows 600,000/h", False),
+        ("check: {interval: 1s}\n    quota: {preset: acr-basic, share: 0.001}", "600/h", True),
+        ("{}", "a first pull waits up to 6m0s", False),
+    ],
+)
+def test_check_config_prints_each_hosts_rates_beside_its_quota(
+    block: str, shown: str, warned: bool
+) -> None:
+    """check-config says what a host's intervals let through an hour (and how long a first
+    pull may wait) beside what its quota preset allows, and warns when they let through more
+    (§14)."""
+    text = describe(parse_config(f"registries:\n  r.example:\n    {block}\n"))
+    host = text.split("\nr.example\n")[1].split("\n\n")[0]
+    assert shown in host
+    assert ("WARNING" in host) is warned

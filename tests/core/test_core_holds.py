@@ -6,7 +6,7 @@ import dataclasses
 
 from timeline import Timeline, images
 
-from kuikproxy.core.scheduler import Hold, HostPacing, Reuse, Ticket
+from kuikproxy.core.scheduler import RETRY_MARGIN, Hold, HostPacing, Reuse, Ticket
 from kuikproxy.core.windows import Outcome
 
 MIN = 60.0
@@ -63,10 +63,11 @@ def test_p7_max_hold_retry_after_estimates_the_time_until_the_turn() -> None:
     t = Timeline.start(0.0, check_interval=MIN, max_hold=30.0)
     tickets = [held(d) for d in t.ask_all("A", images(5), 0.0)]
     last = tickets[-1]
-    assert t.sched.retry_after(last, 10.0) == 290.0  # read at the 5th window, t = 300
-    assert t.sched.retry_after(tickets[0], 10.0) == 50.0
+    # just after the window that reads it (P11)
+    assert t.sched.retry_after(last, 10.0) == 290.0 + RETRY_MARGIN  # the 5th window, t = 300
+    assert t.sched.retry_after(tickets[0], 10.0) == 50.0 + RETRY_MARGIN
     t.sched.block(until=1000.0)
-    assert t.sched.retry_after(tickets[0], 10.0) == 990.0
+    assert t.sched.retry_after(tickets[0], 10.0) == 990.0 + RETRY_MARGIN
 
 
 def test_p7_max_hold_cancelled_ticket_keeps_its_image_in_the_ring() -> None:

@@ -21,6 +21,7 @@ import pytest
 
 from tests.e2e.peers import (
     Containerd,
+    CriContainerd,
     DistributionRegistry,
     Kuikproxy,
     RegistryClient,
@@ -94,6 +95,19 @@ def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]
     require("containerd")
     require("ctr")
     with Containerd(tmp_path_factory.mktemp("containerd")) as daemon:
+        yield daemon
+
+
+@pytest.fixture(scope="session")
+def cri_containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CriContainerd]:
+    """A private containerd daemon with its CRI plugin on (image pulls only: no kubelet, no
+    CNI), reading registry hosts from ``cri_containerd.certs`` as a node reads
+    ``/etc/containerd/certs.d``; ``ctr`` works against it too."""
+    require("containerd")
+    require("ctr")
+    root = tmp_path_factory.mktemp("cri-containerd")
+    certs = workdir(root, "certs.d")
+    with CriContainerd(root / "daemon", certs) as daemon:
         yield daemon
 
 

@@ -425,7 +425,73 @@ class IssuedToken:
     access: tuple[tuple[str, tuple[str, ...]], ...]
 
 
-class TokenServer:
+class OnLoopback:
+    """Something listening on ``port`` of 127.0.0.1."""
+
+    port = 0
+
+    @property
+    def host_port(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host_port}"
+
+
+class ThreadedServer(OnLoopback):
+    """An aiohttp server on a free port of 127.0.0.1, run by a loop in a thread of its own, so
+    that blocking tests (subprocess clients) can use it. Subclasses say what it serves
+    (:meth:`server`) and what else to close on stop (:meth:`closing`)."""
+
+    _loop: asyncio.AbstractEventLoop | None = None
+    _thread: threading.Thread | None = None
+    _runner: web.BaseRunner | None = None
+
+    def server(self) -> web.BaseRunner:
+        raise NotImplementedError
+
+    async def closing(self) -> None:
+        """Called on the server's loop after the runner is cleaned up."""
+
+    def start(self) -> Self:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+        async def up() -> int:
+            self._runner = self.server()
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, LOOPBACK, 0)
+            await site.start()
+            return int(self._runner.addresses[0][1])
+
+        self.port = asyncio.run_coroutine_threadsafe(up(), self._loop).result(10)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is None or self._thread is None:
+            return
+
+        async def down() -> None:
+            if self._runner is not None:
+                await self._runner.cleanup()
+            await self.closing()
+
+        asyncio.run_coroutine_threadsafe(down(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+        self._loop = self._thread = self._runner = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class TokenServer(ThreadedServer):
     """A docker token server: ``GET /token?service=&scope=`` (Basic or anonymous) and the OAuth2
     ``POST /token`` password grant. Tokens are RS256 JWTs carrying the signing certificate in
     ``x5c``; the registry trusts ``cert_file`` as its ``rootcertbundle``."""
@@ -458,10 +524,6 @@ class TokenServer:
         self.cert_file = workdir / "token-ca.pem"
         self.cert_file.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
         self._x5c = base64.b64encode(self._cert.public_bytes(serialization.Encoding.DER)).decode()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self.port = 0
 
     @property
     def realm(self) -> str:
@@ -531,39 +593,11 @@ class TokenServer:
         body = {"token": token, "access_token": token, "expires_in": 300, "issued_at": now}
         return web.json_response(body)
 
-    def start(self) -> Self:
+    def server(self) -> web.BaseRunner:
         app = web.Application()
         app.router.add_route("GET", "/token", self._token)
         app.router.add_route("POST", "/token", self._token)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-
-        async def up() -> int:
-            self._runner = web.AppRunner(app, access_log=None)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, LOOPBACK, 0)
-            await site.start()
-            return int(self._runner.addresses[0][1])
-
-        self.port = asyncio.run_coroutine_threadsafe(up(), self._loop).result(10)
-        return self
-
-    def stop(self) -> None:
-        if self._loop is None or self._thread is None:
-            return
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-        self._loop = self._thread = self._runner = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        return web.AppRunner(app, access_log=None)
 
 
 # --- the registry ---------------------------------------------------------------------------
@@ -643,7 +677,7 @@ def parse_registry_log(text: str) -> list[LoggedRequest]:
     return rows
 
 
-class LoopbackServer:
+class LoopbackServer(OnLoopback):
     """A server process of the suite's on a free port of 127.0.0.1, logging to ``workdir``:
     what the registry and kuikproxy launchers share. Subclasses write their config and
     start the process in ``launch`` and say which ``health`` path answers once ready."""
@@ -656,14 +690,6 @@ class LoopbackServer:
         self.port = 0
         self.log_file = workdir / self.log_name
         self._process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def host_port(self) -> str:
-        return f"{LOOPBACK}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host_port}"
 
     def launch(self) -> subprocess.Popen[bytes]:
         raise NotImplementedError
@@ -1068,3 +1094,317 @@ def gaps(rows: Sequence[LoggedRequest]) -> list[float]:
 def fenced_blocks(markdown: str, language: str = "sh") -> list[str]:
     """The fenced code blocks of ``language`` in a Markdown document, in order."""
     return re.findall(rf"^```{language}\n(.*?)^```", markdown, flags=re.M | re.S)
+
+
+# --- a recording forwarder ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Contact:
+    """One HTTP request a :class:`RecordingForwarder` got, as it answered it."""
+
+    method: str
+    uri: str
+    status: int
+    at: float  # POSIX seconds, when it arrived
+    user_agent: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.uri} -> {self.status} ({self.user_agent})"
+
+
+class _CountingServer(web.Server):
+    """aiohttp's low-level server, telling ``on_connect`` of every TCP connection it accepts:
+    a TLS hello or anything else that is not HTTP is counted too, though no request is."""
+
+    def __init__(self, handler: Any, on_connect: Any, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self._on_connect = on_connect
+
+    def connection_made(self, handler: Any, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        self._on_connect()
+
+
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "upgrade", "te", "trailer", "host"}
+)
+
+
+class RecordingForwarder(ThreadedServer):
+    """Plain HTTP on a free port of 127.0.0.1 in front of ``target`` (``http://127.0.0.1:N``),
+    recording every TCP connection (``connections``) and every HTTP request (``contacts``) it
+    gets: the *direct port* of a registry, the address a client that bypassed kuikproxy would
+    read, or the front of a registry that kuikproxy reads.
+
+    ``refuse`` — ``(status, headers)`` — makes it answer every request but the ``/v2/`` ping
+    itself instead of forwarding it (a registry that says ``429`` with ``Retry-After``); it can
+    be set and cleared while running."""
+
+    def __init__(self, target: str, refuse: tuple[int, Mapping[str, str]] | None = None) -> None:
+        self.target = target.rstrip("/")
+        self.refuse = refuse
+        self.contacts: list[Contact] = []
+        self.connections = 0
+        self._lock = threading.Lock()
+        self._session: Any = None
+
+    def snapshot(self) -> tuple[int, list[Contact]]:
+        """``(connections, contacts)`` so far."""
+        with self._lock:
+            return self.connections, list(self.contacts)
+
+    def _connected(self) -> None:
+        with self._lock:
+            self.connections += 1
+
+    def _record(self, request: web.BaseRequest, status: int, at: float) -> None:
+        contact = Contact(
+            request.method, request.path_qs, status, at, request.headers.get("User-Agent", "")
+        )
+        with self._lock:
+            self.contacts.append(contact)
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        import aiohttp
+
+        at = time.time()
+        refuse = self.refuse
+        if refuse is not None and request.path.rstrip("/") != "/v2":
+            status, headers = refuse
+            self._record(request, status, at)
+            body = _json({"errors": [{"code": "TOOMANYREQUESTS", "message": "slow down"}]})
+            return web.Response(
+                status=status, body=body, headers={"Content-Type": "application/json", **headers}
+            )
+        if self._session is None:
+            self._session = aiohttp.ClientSession(auto_decompress=False)
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP]
+        try:
+            async with self._session.request(
+                request.method,
+                self.target + request.path_qs,
+                headers=headers,
+                data=await request.read() or None,
+                allow_redirects=False,
+            ) as upstream:
+                self._record(request, upstream.status, at)
+                response = web.StreamResponse(status=upstream.status)
+                for name, value in upstream.headers.items():
+                    if name.lower() not in _HOP_BY_HOP:
+                        response.headers.add(name, value)
+                await response.prepare(request)
+                if request.method != "HEAD":
+                    async for chunk in upstream.content.iter_chunked(65536):
+                        await response.write(chunk)
+                await response.write_eof()
+                return response
+        except aiohttp.ClientError as error:
+            self._record(request, 502, at)
+            return web.Response(status=502, text=f"forwarder: {error}")
+
+    def server(self) -> web.BaseRunner:
+        return web.ServerRunner(_CountingServer(self._handle, self._connected), access_log=None)
+
+    async def closing(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+# --- containerd's CRI plugin ----------------------------------------------------------------
+
+
+class CriContainerd(Containerd):
+    """A private ``containerd`` with its CRI plugin on (no kubelet, no CNI: image pulls only),
+    reading registry hosts from ``certs`` (``registry.config_path``, the directory of
+    ``hosts.toml`` files a node has under ``/etc/containerd/certs.d``). :meth:`pull_image` is
+    the kubelet's ``PullImage``; ``ctr(...)`` works as on :class:`Containerd`."""
+
+    def __init__(self, workdir: Path, certs: Path) -> None:
+        super().__init__(workdir)
+        self.certs = certs
+
+    def config(self) -> str:
+        w = self.workdir
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        return (
+            super().config().replace('disabled_plugins = ["io.containerd.grpc.v1.cri"]\n', "")
+            + f"[{cri}]\n"
+            # Never pulled: no pod sandbox is ever made here.
+            + '  sandbox_image = "registry.invalid/pause:3.9"\n'
+            + f'  [{cri}.containerd]\n    snapshotter = "native"\n'
+            + f'  [{cri}.cni]\n    bin_dir = "{w}/cni/bin"\n    conf_dir = "{w}/cni/conf"\n'
+            + f'  [{cri}.registry]\n    config_path = "{self.certs}"\n'
+        )
+
+    def pull_image(self, image: str, timeout: float = 60) -> Run:
+        """CRI ``runtime.v1.ImageService/PullImage`` of ``image`` over the daemon's socket, as
+        the kubelet makes it. Exit 0 and the image id on success; else exit 1 and the error
+        containerd logged for the pull (the gRPC status itself is not decoded), or ``timeout``."""
+        args = ["PullImage", image]
+        started = time.monotonic()
+        try:
+            image_ref = grpc_unary(
+                self.socket,
+                "/runtime.v1.ImageService/PullImage",
+                _proto_bytes(1, _proto_bytes(1, image.encode())),  # {image: {image: ...}}
+                timeout,
+            )
+        except TimeoutError:
+            return Run(args, 124, f"(no answer in {timeout}s)", time.monotonic() - started)
+        if image_ref is not None:
+            ref = _proto_field(image_ref, 1).decode()  # PullImageResponse.image_ref
+            return Run(args, 0, ref, time.monotonic() - started)
+        return Run(args, 1, self.pull_error(image), time.monotonic() - started)
+
+    def pull_error(self, image: str) -> str:
+        """The error containerd logged for the last failed ``PullImage`` of ``image``."""
+        needle = f'msg="PullImage \\"{image}\\" failed"'
+        lines = [line for line in tail(self.log_file, 400).splitlines() if needle in line]
+        if not lines:
+            return "(PullImage failed; containerd logged no error for it)"
+        fields = dict((k, v.strip('"')) for k, v in _LOGFMT.findall(lines[-1]))
+        return fields.get("error", lines[-1]).replace('\\"', '"')
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _read_varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, at
+
+
+def _proto_bytes(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _proto_field(message: bytes, number: int) -> bytes:
+    """The first length-delimited field ``number`` of a protobuf message (b"" if absent)."""
+    at = 0
+    while at < len(message):
+        key, at = _read_varint(message, at)
+        kind = key & 7
+        if kind == 0:
+            _, at = _read_varint(message, at)
+        elif kind == 2:
+            size, at = _read_varint(message, at)
+            if key >> 3 == number:
+                return message[at : at + size]
+            at += size
+        else:  # fixed 64/32: not in the messages read here
+            at += 8 if kind == 1 else 4
+    return b""
+
+
+def _hpack_string(text: str) -> bytes:
+    raw = text.encode()
+    if len(raw) < 0x7F:
+        return bytes([len(raw)]) + raw
+    rest, out = len(raw) - 0x7F, bytearray([0x7F])
+    while rest >= 0x80:
+        out.append(rest % 0x80 | 0x80)
+        rest //= 0x80
+    return bytes([*out, rest]) + raw
+
+
+_DATA, _HEADERS, _RST_STREAM, _SETTINGS, _PING, _GOAWAY = 0, 1, 3, 4, 6, 7  # HTTP/2 frame types
+_END_STREAM = _ACK = 0x1
+_END_HEADERS = 0x4
+
+
+def _h2_frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    head = len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big")
+    return head + payload
+
+
+def grpc_unary(socket_path: Path, method: str, request: bytes, timeout: float) -> bytes | None:
+    """One unary gRPC call over HTTP/2 cleartext on a unix socket, enough of the protocol for
+    containerd's CRI service without a gRPC library: the reply message, or None when the call
+    ended without one (an error status). Raises ``TimeoutError`` after ``timeout``."""
+    headers = b"".join(
+        b"\x00" + _hpack_string(name) + _hpack_string(value)  # literal, never Huffman
+        for name, value in (
+            (":method", "POST"), (":scheme", "http"), (":path", method),
+            (":authority", "localhost"), ("content-type", "application/grpc"), ("te", "trailers"),
+        )
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.settimeout(timeout)
+        conn.connect(str(socket_path))
+        conn.sendall(
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+            + _h2_frame(_SETTINGS, 0, 0)
+            + _h2_frame(_HEADERS, _END_HEADERS, 1, headers)
+            + _h2_frame(_DATA, _END_STREAM, 1, b"\x00" + len(request).to_bytes(4, "big") + request)
+        )
+        buffer, reply = b"", b""
+
+        def read(size: int) -> bytes:
+            nonlocal buffer
+            while len(buffer) < size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                conn.settimeout(left)
+                chunk = conn.recv(65536)  # TimeoutError past the deadline
+                if not chunk:
+                    return b""
+                buffer += chunk
+            out, buffer = buffer[:size], buffer[size:]
+            return out
+
+        while head := read(9):
+            size, kind, flags = int.from_bytes(head[:3], "big"), head[3], head[4]
+            stream = int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+            payload = read(size)
+            if kind == _SETTINGS and not flags & _ACK:
+                conn.sendall(_h2_frame(_SETTINGS, _ACK, 0))
+            elif kind == _PING and not flags & _ACK:
+                conn.sendall(_h2_frame(_PING, _ACK, 0, payload))
+            elif kind in (_GOAWAY, _RST_STREAM) and stream in (0, 1):
+                break
+            elif kind == _DATA and stream == 1:
+                reply += payload
+            if stream == 1 and kind in (_DATA, _HEADERS) and flags & _END_STREAM:
+                break
+    if len(reply) < 5:
+        return None
+    return reply[5 : 5 + int.from_bytes(reply[1:5], "big")]
+
+
+def run_at_most(args: Sequence[str], seconds: float, env: Mapping[str, str] | None = None) -> Run:
+    """Run a client for at most ``seconds``: a client still running then (waiting for a
+    window, or for a ``Retry-After``) is killed with its process group, exit code ``-9``, and
+    what it printed so far is kept."""
+    started = time.monotonic()
+    process = subprocess.Popen(
+        list(args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(env) if env is not None else clean_env(),
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+    return Run(
+        list(args), process.returncode, output.decode(errors="replace"), time.monotonic() - started
+    )

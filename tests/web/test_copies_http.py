@@ -121,3 +121,38 @@ async def test_p9_p11_copy_whose_client_left_mid_read_still_closes(
     assert response.status == 200
     order = [(s.path.rsplit("/", 1)[1], round(s.at - start, 3)) for s in fake.reads()]
     assert order == [("v1", 0.2), ("v2", 1.4)]
+
+
+@pytest.mark.parametrize(
+    ("method", "headers"),
+    [("GET", {}), ("HEAD", {}), ("GET", {"Range": "bytes=100-"}), ("GET", {"Range": "bytes=0-9"})],
+    ids=["get", "head", "range-resume", "range-head"],
+)
+async def test_p9_a_pull_resumed_after_its_copy_closed_goes_without_a_window(
+    proxy: ProxyFactory, registry: tuple[Registry, object], method: str, headers: dict[str, str]
+) -> None:
+    """A copy closes (``copy.idle`` 0s) while its client pauses; within ``copy.followUp`` the
+    same resource's blob reads in that repository — a GET, a HEAD, a ``Range`` resume — and its
+    manifest by digest go at once, not at the next copy window, and do not make the series
+    busy. Another resource's blob read still waits for a window."""
+    client = await proxy("copy: {interval: 10s, idle: 0s, followUp: 10m}")
+    loop = asyncio.get_running_loop()
+    assert (await get(client, "manifests/v1", "node-a")).status == 200  # the copy, at 10 s
+    assert (await get(client, f"blobs/{BLOB}", "node-a")).status == 200
+    await asyncio.sleep(60)  # the copy closed long ago; windows at 20 s, 30 s, ... were idle
+    resumed = loop.time()
+    request_headers = {"Kuik-Resource": "node-a", **headers}
+    async with client.request(
+        method, f"/v2/app/blobs/{BLOB}?ns={HOST}", headers=request_headers
+    ) as response:
+        assert response.status in (200, 206)
+        await response.read()
+    digest = digest_of(manifest_of("app", "v1"))
+    assert (await get(client, f"manifests/{digest}", "node-a")).status == 200
+    assert loop.time() - resumed < 1.0
+    other = asyncio.ensure_future(get(client, f"blobs/{BLOB}", "node-b"))
+    await asyncio.sleep(1.0)
+    assert not other.done()  # another resource: its own copy window
+    assert (await other).status == 200
+    status = await (await client.get("/status")).json()
+    assert status["registries"][HOST]["copy"]["windows"]["busy"] == 0

@@ -224,6 +224,21 @@ CASES = [
             ("crlf-injection", "registry.test%0d%0aX-Injected:%201"),
         )
     ),
+    # -- §12: ambiguous addressing, two names for the registry that disagree (400) --------
+    *(
+        refused(f"ambiguous-{name}", req("GET", target), 400, "UNSUPPORTED")
+        for name, target in (
+            ("two-ns", f"/v2/app/manifests/t?{NS}&ns=docker.io"),
+            ("two-ns-one-not-allowed", f"/v2/app/manifests/t?{NS}&ns=evil.example"),
+            ("ns-and-prefix", f"/v2/docker.io/app/manifests/t?{NS}"),
+            ("ns-and-prefix-blob", f"/v2/docker.io/app/blobs/{DIGEST}?{NS}"),
+            ("prefix-and-ns", "/v2/registry.test/app/manifests/t?ns=docker.io"),
+        )
+    ),
+    held(
+        "ns-and-prefix-agree", req("HEAD", f"/v2/registry.test/app/manifests/t?{NS}"), "127.0.0.1"
+    ),
+    held("ns-twice-the-same", req("HEAD", f"{CHECK}&{NS}"), "127.0.0.1"),
     # -- §3: a first segment with "." or ":" or "localhost" names the host ----------------
     *(
         refused(

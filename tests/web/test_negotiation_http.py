@@ -9,6 +9,7 @@ for a client that asked differently.
 from __future__ import annotations
 
 import asyncio
+import gzip
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +51,13 @@ class Negotiating:
         if request.method == "HEAD":
             return web.Response(headers=headers)
         del headers["Content-Length"]
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            # as CDNs in front of registries do: encoded, its length unknown until the end
+            response = web.StreamResponse(headers={**headers, "Content-Encoding": "gzip"})
+            await response.prepare(request)
+            await response.write(gzip.compress(BODY))
+            await response.write_eof()
+            return response  # type: ignore[return-value]
         return web.Response(body=BODY, headers=headers)
 
 
@@ -129,3 +137,21 @@ async def test_r3_a_kept_404_serves_the_same_accept_set_in_any_order(start: Star
     assert (await check(client, "a", DOCKER_V2, "application/x-other")).status == 404
     assert (await check(client, "b", "application/x-other;q=0.5", DOCKER_V2)).status == 404
     assert len(fake.seen) == 1
+
+
+async def test_r3_a_head_served_from_a_kept_get_carries_the_exact_length(start: Start) -> None:
+    """A registry that gzips manifests for clients that accept it: kuikproxy asks for
+    manifests unencoded, so the kept GET is the manifest's own bytes and a HEAD answered from
+    it carries their exact ``Content-Length`` and digest (containerd otherwise turns its check
+    into a GET by tag and waits for a copy window)."""
+    client, fake = await start()
+    headers = {"Kuik-Resource": "node", "Accept-Encoding": "gzip", "Kuik-Operation": "check"}
+    url = f"/v2/app/manifests/v1?ns={HOST}"
+    async with client.get(url, headers=headers, auto_decompress=False) as response:
+        assert response.status == 200
+        assert "Content-Encoding" not in response.headers
+        assert await response.read() == BODY
+    head = await client.head(url, headers={"Kuik-Resource": "other", "Accept-Encoding": "gzip"})
+    assert head.status == 200 and len(fake.seen) == 1  # from the kept GET (R1)
+    assert head.headers["Content-Length"] == str(len(BODY))
+    assert head.headers["Docker-Content-Digest"] == digest_of(BODY)

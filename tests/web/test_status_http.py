@@ -41,10 +41,11 @@ async def test_s8_status_validates_against_its_schema_after_laps_copies_and_filt
     whole: dict[str, Any] = await (await client.get("/status")).json()
     jsonschema.validate(whole, schema)
     assert set(whole) == {
-        "startedAt", "config", "registries", "resources", "cache", "flowControl", "fleet"
+        "startedAt", "config", "registries", "resources", "cache", "flowControl", "fleet",
+        "resourcesTotal", "resourcesNext", "refused",
     }  # fmt: skip
     registry_part = whole["registries"][HOST]
-    assert set(registry_part) == {"check", "copy", "blockedUntil", "quota"}
+    assert set(registry_part) == {"check", "copy", "blockedUntil", "quota", "refused"}
     assert registry_part["copy"]["queued"] >= 1
     ring = whole["resources"]["monitor-a"]["checks"]["registries"][0]
     assert ring["cycleDuration"] is not None  # a lap completed

@@ -27,6 +27,7 @@ MAX_BLOCK = 24 * 3600.0  # a registry that says "a year" is believed for a day
 DOCKER_HUB_WINDOW = 21600.0  # ``w`` when a ratelimit header leaves it out: Docker Hub's 6 h
 THROTTLED = frozenset({429, 503})  # answers that mean "slow down" even without Retry-After
 _DELTA = re.compile(r"\d+(?:\.\d+)?")
+_JITTER = _random.Random()  # backoff jitter of every host that is not given a seed
 
 
 def parse_retry_after(value: str | None, now_wall: float) -> float | None:
@@ -174,7 +175,8 @@ class Throttle:
 
     ``per_identity``: the registry rations per identity, so an answer to one identity blocks
     that identity only; otherwise (or for an answer to no known identity) it blocks the host.
-    ``random`` draws jitter in [0, 1) (default: ``random.Random(seed).random``).
+    ``random`` draws jitter in [0, 1) (default: ``random.Random(seed).random``, or with no
+    ``seed`` one generator shared by every host: its state is 2.5 KB, most of a host's).
     """
 
     SCAN = 16  # how far from the oldest an eviction looks for an identity with nothing to keep
@@ -190,7 +192,7 @@ class Throttle:
     ) -> None:
         self.per_identity = per_identity
         self.backoff = backoff or Backoff()
-        self.random = random or _random.Random(seed).random
+        self.random = random or (_JITTER if seed is None else _random.Random(seed)).random
         self.max_identities = max(1, max_identities)
         self.host = _State()
         self.last_remaining: int | None = None  # on any answer, to any identity
