@@ -74,8 +74,10 @@ from tests.e2e.peers import (  # noqa: E402
     RegistryClient,
     build_image,
     clean_env,
+    cpu_seconds,
     free_port,
     push_image,
+    rss_kib,
     spawn,
     stop_process,
     tail,
@@ -102,18 +104,6 @@ TARGET_P99_MS = 5.0
 # --- processes ------------------------------------------------------------------------------
 
 
-def rss_kib(pid: int) -> int:
-    """VmRSS of ``pid`` in KiB (0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def children(pid: int) -> list[int]:
     found: list[int] = []
     with contextlib.suppress(OSError):
@@ -121,17 +111,6 @@ def children(pid: int) -> list[int]:
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 found += [int(p) for p in f.read().split()]
     return found
-
-
-def cpu_seconds(pids: Sequence[int]) -> float:
-    """utime + stime of ``pids``, in seconds."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / ticks
 
 
 class RssSampler:

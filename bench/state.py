@@ -7,7 +7,8 @@ under ``allowedHosts: ["127.*"]``): never resolved, and never connected to — t
 refuses loopback literals when their window reads them, so they are answered 403.
 
 * **ring image**: one ring grown image by image through the core (:meth:`HostScheduler.check`,
-  each answered from a kept answer, R1), bytes per image (tracemalloc);
+  each answered from a kept answer, R1), bytes per image, its key (``team/app-0000042:1.0``)
+  included (tracemalloc);
 * **resource**: ``--resources`` resources each asking the one kept image over HTTP: bytes per
   resource (its ring of one image, its census entry), tracemalloc after a full collection;
 * **host**: ``--hosts`` hosts under the wildcard, one request each: bytes per host while it
@@ -30,7 +31,7 @@ import statistics
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -69,10 +70,10 @@ def traced(action: Callable[[], object]) -> int:
 def ring_image_bytes(images: int) -> float:
     census = Census(Limits(max_images=images + 1, max_ring_images=images + 1))
     scheduler = HostScheduler(HOST, HostPacing(60.0, 300.0), 0.0, census=census)
-    keys = [Image(HOST, f"team/app-{i:07d}", "1.0") for i in range(images)]
 
-    def ask() -> None:
-        for image in keys:
+    def ask() -> None:  # each request's image made here: its key is what the ring keeps
+        for i in range(images):
+            image = Image(HOST, f"team/app-{i:07d}", "1.0")
             scheduler.check("monitor", image, 1.0, auth=None, kept_at=1.0)
 
     return traced(ask) / images
@@ -127,11 +128,12 @@ async def get(port: int, path: str) -> tuple[float, float, int]:
     return seconds, held, len(body)
 
 
-async def traced_async(action: Callable[[], object]) -> int:
+async def traced_async(action: Callable[[], Awaitable[object]]) -> int:
+    """:func:`traced` of a coroutine's work, the loop's connections closed after it."""
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    await action()  # type: ignore[misc]
+    await action()
     await asyncio.sleep(0.5)  # closed connections let go of their buffers
     gc.collect()
     after = tracemalloc.get_traced_memory()[0]

@@ -182,6 +182,9 @@ def render(document: Document, now: datetime, color: bool = False) -> str:
         )
     else:
         parts.append("no ring yet")
+    listed, total = len(document.get("resources", {})), document.get("resourcesTotal", 0)
+    if total > listed:
+        parts.append(f"the first {listed} of {total} resources: /status?after= for the others")
     parts += ["", *priority_levels(document)]
     return "\n".join(parts) + "\n"
 

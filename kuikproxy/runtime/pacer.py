@@ -417,7 +417,8 @@ class _Host:
             released = self.scheduler.check_read_done(
                 read, self.pacer.loop.time(), served=served, digest=digest, kept=kept
             )
-            for ticket in served:  # a standing ask read: its retry finds the answer kept
+            # a standing ask read (its retry finds the answer kept), or let go as a follow-up
+            for ticket in (*served, *released):
                 self.standing.pop(ticket, None)
             if self.pacer.durable is not None:
                 self.pacer.durable.flush_soon()

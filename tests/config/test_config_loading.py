@@ -11,6 +11,7 @@ from kuikproxy.config import (
     CheckSettings,
     CopySettings,
     Credentials,
+    LimitsSettings,
     QueuingConfiguration,
     QuotaBucket,
     QuotaSettings,
@@ -465,3 +466,16 @@ def test_example_config_commented_examples_are_valid(tmp_path: Path) -> None:
     checks = config.flow_control.level("checks").limited
     assert checks is not None
     assert checks.limit_response.queuing == QueuingConfiguration(64, 8, 5000)
+
+
+def test_limits_are_counts_above_zero() -> None:
+    """``limits`` (issue 12): camelCase keys, each a count above zero, defaults for the rest;
+    every mistake reported with its path."""
+    assert parse_config("limits: {maxResources: 50}").limits == LimitsSettings(max_resources=50)
+    with pytest.raises(ConfigError) as caught:
+        parse_config("limits: {maxHosts: 0, maxImages: many, maxRing: 1}")
+    assert caught.value.errors == [
+        "limits.maxHosts: must be greater than 0",
+        "limits.maxImages: Input should be a valid integer",
+        "limits.maxRing: unknown key",
+    ]

@@ -138,6 +138,29 @@ def stop_process(process: subprocess.Popen[bytes] | None, timeout: float = 10) -
         process.wait()
 
 
+def rss_kib(pid: int) -> int:
+    """VmRSS of ``pid`` in KiB (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """utime + stime of ``pids``, in seconds."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
 # --- plain HTTP, never through a proxy -----------------------------------------------------
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -700,6 +723,12 @@ class LoopbackServer(OnLoopback):
         self._process = self.launch()
         wait_until_http(self.url + self.health, self._process, self.log_file)
         return self
+
+    @property
+    def pid(self) -> int:
+        """The running process's id."""
+        assert self._process is not None, "not started"
+        return self._process.pid
 
     def stop(self) -> None:
         stop_process(self._process)

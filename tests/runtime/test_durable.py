@@ -125,3 +125,20 @@ def load(path: str) -> Saved:
         return store.load()
     finally:
         store.close()
+
+
+async def test_a_detached_host_writes_its_last_changes_and_nothing_after(
+    durable: Durable, scheduler: HostScheduler
+) -> None:
+    """A host forgotten when idle (issue 12) is detached: the rings that expired before it was
+    are dropped from the file with the next write, and it is written no more."""
+    scheduler.check("web", Image(HOST, "app", "v1"), 1.0, auth=None, kept_at=1.0)  # R1
+    await durable.flush()
+    assert saved_rings(await durable.store.load(0.0)) != {}
+    scheduler.sweep(1.0 + scheduler.pacing.retention + 1.0)  # v1 and its ring expire (P8)
+    durable.detach(HOST)
+    await durable.flush()
+    assert saved_rings(await durable.store.load(0.0)) == {}
+    ask(scheduler, "web", "v2", 2.0)  # not its state any more: never written
+    await durable.flush()
+    assert saved_rings(await durable.store.load(0.0)) == {}

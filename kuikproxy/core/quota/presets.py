@@ -1,6 +1,6 @@
 """The presets of SPEC §11: ACR's SKUs in requests per minute, Docker Hub learnt from headers.
 
-ACR's numbers are SPEC §11's (the Russian reference in ``shared/seeds`` describes the limits
+ACR's numbers are SPEC §11's (the Russian ACR limits page it is built from describes the limits
 but its tables did not survive, so it confirms the categories, the scopes and the token-bucket
 model, not the numbers). ``acr-basic`` and ``acr-standard`` share one table, as SPEC says.
 OAuth is registry-scoped only: "OAuth requests are limited per registry only, with no separate
