@@ -185,8 +185,26 @@ def render(document: Document, now: datetime, color: bool = False) -> str:
     listed, total = len(document.get("resources", {})), document.get("resourcesTotal", 0)
     if total > listed:
         parts.append(f"the first {listed} of {total} resources: /status?after= for the others")
-    parts += ["", *priority_levels(document)]
+    parts += ["", *refusals(document), "", *priority_levels(document)]
     return "\n".join(parts) + "\n"
+
+
+def refusals(document: Document) -> list[str]:
+    """What kuikproxy refused itself (§12), by registry and reason; ``-`` for what no host's
+    state answers for (a host not allowed, two names for one registry, ``limits.maxHosts``)."""
+    counts: list[tuple[str, Document]] = [("-", document.get("refused") or {})]
+    counts += [(h, e.get("refused") or {}) for h, e in document.get("registries", {}).items()]
+    rows = [
+        [_text(host), _text(reason), str(count)]
+        for host, by_reason in sorted(counts)
+        for reason, count in sorted(by_reason.items())
+    ]
+    if not rows:
+        return ["REFUSED (0)", "nothing refused"]
+    return [
+        f"REFUSED ({len(rows)})",
+        table(["REGISTRY", "REASON", "REFUSED"], rows, frozenset({2})),
+    ]
 
 
 def priority_levels(document: Document) -> list[str]:

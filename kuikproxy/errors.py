@@ -61,11 +61,17 @@ class RegistryError(KuikProxyError):
         *,
         detail: dict[str, Any] | None = None,
         retry_after: float | None = None,
+        refusal: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.detail = detail
         self.retry_after = retry_after
+        # why kuikproxy refused the request itself (SPEC §12: counted, shown and logged by
+        # host and reason, at the edge, once per client it reaches), None for anything else;
+        # ``counted`` when it was counted where it was made instead
+        self.refusal = refusal
+        self.counted = False
 
     def body(self) -> dict[str, Any]:
         """The OCI distribution error body for this error."""

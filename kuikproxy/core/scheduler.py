@@ -237,8 +237,11 @@ class HostScheduler:
             self._check_ready.update(r for r, ring in self._rings.items() if len(ring))
         self.pacing = pacing
 
-    def block(self, until: float) -> None:
-        """The registry said stop until ``until`` (§11); a block is never shortened."""
+    def block(self, until: float, now: float | None = None) -> None:
+        """The registry said stop until ``until`` (§11, at ``now`` when known); a block is never
+        shortened. Windows a sleeping series let pass before it were idle: counted so first."""
+        if now is not None:
+            self._doze(now)
         if self.blocked_until is None or until > self.blocked_until:
             self.blocked_until = until
 
@@ -619,9 +622,12 @@ class HostScheduler:
         return True
 
     def retry_after(self, ticket: Ticket, now: float) -> float:
-        """Estimated seconds until ``ticket``'s image gets its turn (P7's ``Retry-After``)."""
+        """Estimated seconds until ``ticket``'s image gets its turn (P7's ``Retry-After``): just
+        after the window that reads it (P11), so a client that comes back then finds the read
+        in flight (and rides it) or its answer kept — and never before a block's end (§11:
+        refusals count down to it)."""
         series = self.check_series if ticket.operation is Operation.CHECK else self.copy_series
-        wait = series.next_window() - now
+        wait = series.next_window() - now + RETRY_MARGIN
         if ticket.operation is Operation.CHECK:
             ring = self._rings.get(ticket.resource)
             ahead = 0 if ring is None else ring.due_before(ticket.image.key)
@@ -629,9 +635,7 @@ class HostScheduler:
         if self._blocked(now):
             assert self.blocked_until is not None
             wait = max(wait, self.blocked_until - now)
-        # just after the window that reads it (P11): a client that comes back then finds the
-        # read in flight (and rides it) or its answer kept
-        return max(wait, 0.0) + RETRY_MARGIN
+        return max(wait, 0.0)
 
     # -- turns and housekeeping -------------------------------------------------------------
 
@@ -677,14 +681,14 @@ class HostScheduler:
             return None
         if operation in self._asleep:
             self._asleep.discard(operation)
-            series.pass_idle(now)
+            series.pass_idle(now, self.blocked_until)
         return series.next_window()
 
     def _doze(self, now: float) -> None:
         """Count the windows sleeping series have let pass until ``now`` (idle)."""
         for operation in self._asleep:
             series = self.check_series if operation is Operation.CHECK else self.copy_series
-            series.pass_idle(now)
+            series.pass_idle(now, self.blocked_until)
 
     def sweep(self, now: float) -> None:
         """What windows do in passing, for a host whose series sleep: ring images past their

@@ -55,12 +55,21 @@ class Series:
         microsecond of tolerance."""
         return math.floor((now - self.origin + _TOLERANCE) / self.interval)
 
-    def pass_idle(self, now: float) -> None:
-        """The windows up to ``now`` found nothing to do (a host nobody had asked for yet)."""
+    def pass_idle(self, now: float, blocked_until: float | None = None) -> None:
+        """The windows up to ``now`` found nothing to do (a host nobody had asked for yet, a
+        series asleep): idle — or blocked, those before ``blocked_until`` (P3 counts a block
+        first: those windows were lost to it whether or not anything was due)."""
         k = self._last_due(now)
-        if k > self.fired:
-            self.outcomes[Outcome.IDLE] += k - self.fired
-            self.fired = k
+        if k <= self.fired:
+            return
+        blocked = 0
+        if blocked_until is not None:
+            # the last window strictly before the block's end
+            last = math.ceil((blocked_until - self.origin - _TOLERANCE) / self.interval) - 1
+            blocked = max(0, min(k, last) - self.fired)
+        self.outcomes[Outcome.BLOCKED] += blocked
+        self.outcomes[Outcome.IDLE] += k - self.fired - blocked
+        self.fired = k
 
     def count(self, outcome: Outcome) -> None:
         self.outcomes[outcome] += 1

@@ -254,4 +254,5 @@ def _refusal(flow: Flow, rejected: Rejected, at_least: float) -> TooManyRequests
             "retryAfterSeconds": math.ceil(retry_after),
         },
         retry_after=retry_after,
+        refusal="flowControl",
     )

@@ -179,9 +179,10 @@ class RefusalCollector(Collector):
     def _family(refused: Iterable[tuple[str, Mapping[str, int]]]) -> Metric:
         family = CounterMetricFamily(
             "kuik_proxy_refusals",
-            "Requests kuikproxy refused itself, by registry and reason (a limit: maxHosts, "
-            f"maxResources, maxImages, maxRingImages); registry {NO_HOST} for hosts without "
-            "state.",
+            "Requests kuikproxy refused itself, by registry and reason: notAllowed, "
+            "addressGuard, ambiguous, maxHold, flowControl, blocked, shutdown, or a limit "
+            f"(maxHosts, maxResources, maxImages, maxRingImages); registry {NO_HOST} for "
+            "hosts without state (a host not allowed among them).",
             labels=["registry", "reason"],
         )
         for registry, counts in refused:

@@ -329,8 +329,8 @@ class _Host:
         """The request a ticket stands for: a waiting client's, or a standing ask's (P11);
         None once its client has its outcome (refused meanwhile, say) or is gone."""
         waiter = self.waiters.get(ticket)
-        if waiter is not None:
-            return None if waiter.future.done() else waiter.request
+        if waiter is not None and not waiter.future.done():
+            return waiter.request
         return self.standing.get(ticket)
 
     def template(self, read: Read) -> tuple[Ticket | None, RegistryRequest | None]:
@@ -476,8 +476,9 @@ class _Host:
     def block(self, until: float) -> None:
         """A block learnt from elsewhere (the state file, the fleet): its windows are lost and
         its quota lets nothing go until ``until`` (loop time), as if this proxy had seen it."""
-        self.scheduler.block(until)
-        self.quota.block(until, now=self.pacer.loop.time())
+        now = self.pacer.loop.time()
+        self.scheduler.block(until, now)
+        self.quota.block(until, now=now)
 
     def keep(self, image_key: str, answer: Answer) -> None:
         """Keep an answer (R1), for the fleet too when the host is shared."""
@@ -641,6 +642,7 @@ class _Host:
             f"({self.scheduler.pacing.max_hold:g}s)",
             detail={"host": self.name, "retryAfterSeconds": math.ceil(retry_after)},
             retry_after=retry_after,
+            refusal="blocked" if self.outlasted(ticket) else "maxHold",
         )
 
 
@@ -756,7 +758,12 @@ class Pacer:
             if config.is_allowed(name):
                 host.close(None)
             else:
-                host.close(Denied(f"{name} is no longer allowed by kuikproxy's configuration"))
+                host.close(
+                    Denied(
+                        f"{name} is no longer allowed by kuikproxy's configuration",
+                        refusal="notAllowed",
+                    )
+                )
             self._let_go(name, host)  # the state file keeps its rings for a later config
         self.census.limits = limits_of(config)  # new limits refuse from now on, drop nothing
         self._extra = {name for name in self._hosts if name not in config.registries}
@@ -789,6 +796,16 @@ class Pacer:
         for name, host in sorted(self._hosts.items()):
             yield name, host.scheduler.ring_stats()
 
+    def refused_now(self, host: str | None, error: RegistryError) -> None:
+        """A refusal of kuikproxy's own (``error.refusal`` says why) reached the client: counted
+        under its host when the host has state, else where nothing else answers for it (SPEC
+        §12: a host not allowed is an outsider's name, never a label of its own)."""
+        if error.refusal is None or error.counted:
+            return
+        runtime = None if host is None else self._hosts.get(host)
+        refused = self.refused if runtime is None else runtime.refused
+        refused.count(error.refusal, error, self.loop.time())
+
     def refusals(self) -> dict[str, dict[str, int]]:
         """The refusal counts of each host that has refused something (SPEC §12)."""
         return {name: dict(h.refused.counts) for name, h in self._hosts.items() if h.refused.counts}
@@ -811,7 +828,7 @@ class Pacer:
         """Answer a paced read at once (a kept answer, or go without a window), or return what
         to await for its window. Not a coroutine itself: a held request pays for each frame."""
         if self._closed:
-            raise Unavailable("kuikproxy is shutting down")
+            raise Unavailable("kuikproxy is shutting down", refusal="shutdown")
         if request.host not in self._hosts:
             # a host's first request makes a ring or a copy queue: one the census would refuse
             # is refused before the host is made, so that it leaves nothing behind
@@ -912,7 +929,7 @@ class Pacer:
         now = self.loop.time()
         block = runtime.quota.answered(status, headers, None, now, time.time())
         if block is not None:
-            runtime.scheduler.block(block.until)
+            runtime.scheduler.block(block.until, now)
             if self.durable is not None:
                 self.durable.blocked(host, block.until)
             if runtime.fleet is not None:
@@ -921,7 +938,7 @@ class Pacer:
 
     async def close(self) -> None:
         self._closed = True
-        error = Unavailable("kuikproxy is shutting down")
+        error = Unavailable("kuikproxy is shutting down", refusal="shutdown")
         for host in self._hosts.values():
             host.close(error)
         self.sweeps.close()

@@ -4,6 +4,12 @@ for), for ``kuik_proxy_refusals_total{registry,reason}``, and logged at ``warnin
 a minute per host and reason — a client that falls back to the registry after a refusal must
 never do so unseen.
 
+The reasons: ``notAllowed`` (a host not allowed, §3.1), ``addressGuard`` (an address kuikproxy
+never connects to), ``ambiguous`` (two names for the registry), ``maxHold`` (P7), ``blocked``
+(the registry said stop, §11), ``flowControl`` (§10), ``shutdown``, and the limits below. Each
+error carries its reason (``RegistryError.refusal``); the edge counts it once per client it
+reaches (:meth:`Pacer.refused_now`), the limits where they are made.
+
 The limits on kept state (:mod:`kuikproxy.core.limits`) refuse with ``503 UNAVAILABLE``: a
 new host, resource or image is turned away because kuikproxy holds as much as it may, which
 is the proxy's condition, not the client's rate (``429`` says "you asked too often"). No
@@ -50,6 +56,7 @@ class Refusals:
 
     def count(self, reason: str, error: RegistryError, now: float) -> RegistryError:
         """Count a refusal (``now`` on the loop's clock) and return its error, to raise."""
+        error.refusal = reason
         total = self.counts[reason] = self.counts.get(reason, 0) + 1
         last = self._logged.get(reason)
         if last is None or now - last >= WARN_EVERY:
@@ -70,4 +77,5 @@ class Refusals:
             "what kuikproxy holds already is served as before",
             detail={"host": host, "limit": str(limit), "value": value},
         )
+        error.counted = True  # here, where it is made: the edge must not count it again
         return self.count(str(limit), error, now)

@@ -24,6 +24,7 @@ from yarl import URL
 from kuikproxy.errors import Denied, UpstreamTimeout, UpstreamUnreachable
 from kuikproxy.upstream.guard import AddressGuard, AddressRefused, GuardedResolver
 
+GUARD = "addressGuard"  # the reason of the address guard's refusals (SPEC §12)
 # A registry silent this long, even in the middle of a blob without a copy.timeout, is stuck:
 # its request fails (504) rather than holding its copy open for ever.
 STALL_TIMEOUT = 120.0
@@ -198,10 +199,10 @@ class AiohttpTransport:
                 ssl=request.ssl,
             )
         except AddressRefused as e:
-            raise Denied(str(e)) from None
+            raise Denied(str(e), refusal=GUARD) from None
         except aiohttp.ClientConnectorError as e:
             if isinstance(e.os_error, AddressRefused):
-                raise Denied(str(e.os_error)) from None
+                raise Denied(str(e.os_error), refusal=GUARD) from None
             raise UpstreamUnreachable(f"{what}: {_reason(e)}") from None
         except aiohttp.ConnectionTimeoutError:
             message = f"{what}: could not connect within {self._connect_timeout:g}s"

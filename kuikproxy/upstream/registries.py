@@ -219,7 +219,7 @@ class Registries:
             if via is None:
                 raise
             kind = UpstreamTimeout if isinstance(error, UpstreamTimeout) else UpstreamUnreachable
-            raise kind(f"{host}: {via}: {error.message}") from error
+            raise kind(f"{host}: {via}: {error.message}", refusal=error.refusal) from error
         self._observe(host, request.method, response.status, tuple(response.headers.items()))
         log.debug("%s: %s %s -> %d", host, request.method, shown(request.url), response.status)
         return response

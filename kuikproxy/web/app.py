@@ -146,6 +146,7 @@ async def registry(request: web.Request) -> web.StreamResponse:  # noqa: PLR0915
                     outcome.done()
     except RegistryError as error:
         log.debug("%s %s: %s", request.method, request.path[:200], error.message)
+        request.app[PACER].refused_now(None if host == "-" else host, error)
         response = error_response(error)
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path[:200])
@@ -178,6 +179,7 @@ async def exempt(
     if kept is None:
         raise TooManyRequests(
             f"{read.host} asked kuikproxy to stop; no kept answer to give instead",
+            refusal="blocked",
             detail={"host": read.host},
             retry_after=until - now,
         )

@@ -137,7 +137,9 @@ def _ns(query: Query) -> str | None:
         try:
             host = validate_host(value)
         except ValueError as e:
-            raise Denied(f"invalid ns {value[:200]!r}", detail={"ns": value[:200]}) from e
+            raise Denied(
+                f"invalid ns {value[:200]!r}", detail={"ns": value[:200]}, refusal="notAllowed"
+            ) from e
         if hosts and host != hosts[0]:
             raise _ambiguous(hosts[0], host, "another ns names")
         hosts.append(host)
@@ -148,6 +150,7 @@ def _ambiguous(host: str, other: str, how: str) -> Ambiguous:
     return Ambiguous(
         f"ambiguous registry: ns names {host} but {how} {other}",
         detail={"hosts": [host, other]},
+        refusal="ambiguous",
     )
 
 
@@ -175,7 +178,7 @@ def _prefix_host(segment: str, config: Config) -> str:
 
 def _allowed(host: str, config: Config) -> str:
     if not config.is_allowed(host):
-        raise Denied(f"host {host} is not allowed", detail={"host": host})
+        raise Denied(f"host {host} is not allowed", detail={"host": host}, refusal="notAllowed")
     return host
 
 

@@ -25,6 +25,7 @@ from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.rings import SLOW_LAP, lap_ratio
 from kuikproxy.core.scheduler import HostView, Operation, SeriesView
 from kuikproxy.durations import format_duration, human_span
+from kuikproxy.runtime.metrics import NO_HOST
 from kuikproxy.web.keys import PACER, WINDOW_LOG
 
 REFRESH = 2
@@ -89,6 +90,7 @@ class Snapshot:
     levels: tuple[LevelView, ...]  # flow control's priority levels (§10)
     hosts_total: int  # hosts with state, shown or not
     resources_total: int  # resources with state, shown or not
+    refused: dict[str, dict[str, int]]  # host ("-": no host's state) → reason → count (§12)
 
 
 def snapshot(app: web.Application) -> Snapshot:
@@ -143,6 +145,7 @@ def snapshot(app: web.Application) -> Snapshot:
         pacer.levels(),
         len(schedulers),
         len(pacer.census),
+        {NO_HOST: dict(pacer.refused.counts), **pacer.refusals()},
     )
 
 
@@ -406,6 +409,30 @@ def level_rows(snap: Snapshot) -> str:
     )
 
 
+def refusal_rows(snap: Snapshot) -> str:
+    """Refusals kuikproxy made itself (§12), by host and reason: a client that falls back to
+    the registry after one must never do so unseen."""
+    rows = [
+        "<tr>"
+        f'<td class="name">{escape(host)}</td><td>{escape(reason)}</td>'
+        f'<td class="num">{_number(count)}</td>'
+        "</tr>"
+        for host, counts in sorted(snap.refused.items())
+        for reason, count in sorted(counts.items())
+    ]
+    if not rows:
+        return '<p class="muted">Nothing refused.</p>'
+    return (
+        '<table class="rings"><thead><tr><th>registry</th><th>reason</th>'
+        '<th class="num">refused</th></tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+        f'<p class="note">{NO_HOST}: requests no host&#39;s state answers for (a host not '
+        "allowed, two names for one registry, a host past limits.maxHosts). A client that "
+        "falls back to the registry on a refusal reads it unpaced: see the strict mirror "
+        "examples.</p>"
+    )
+
+
 def _legend() -> str:
     items = "".join(
         f'<span class="count"><i style="background:{OUTCOME_COLORS[o]}"></i>'
@@ -502,5 +529,6 @@ def render(snap: Snapshot) -> str:
         f'<h2 class="section-title">Registries</h2>{hosts}'
         f'<h2 class="section-title">Resources</h2>{ring_rows(snap)}'
         f'<h2 class="section-title">Flow control</h2>{level_rows(snap)}'
+        f'<h2 class="section-title">Refused</h2>{refusal_rows(snap)}'
         "</main></body></html>"
     )

@@ -140,3 +140,16 @@ def test_p1_host_first_seen_later_keeps_the_proxys_window_times() -> None:
         "blocked": 0,
         "fleet": 0,
     }
+
+
+def test_p3_windows_a_sleeping_series_let_pass_count_blocked_before_a_blocks_end() -> None:
+    """A series nobody fired (nothing was due) counts the windows it let pass when it wakes:
+    those before the block's end were lost to the block (P3c), the others idle (P3a)."""
+    series = Series(origin=0.0, interval=10.0)
+    series.pass_idle(65.0, blocked_until=35.0)  # windows at 10..60: 10, 20, 30 blocked
+    assert series.outcomes[Outcome.BLOCKED] == 3
+    assert series.outcomes[Outcome.IDLE] == 3
+    series.pass_idle(100.0, blocked_until=35.0)  # 70..100: after the block
+    assert series.outcomes[Outcome.BLOCKED] == 3 and series.outcomes[Outcome.IDLE] == 7
+    series.pass_idle(130.0, blocked_until=130.0)  # 110, 120 before it; 130 is its end
+    assert series.outcomes[Outcome.BLOCKED] == 5 and series.outcomes[Outcome.IDLE] == 8

@@ -92,7 +92,11 @@ async def test_max_hosts_refuses_a_new_host_under_the_wildcard(
     assert status["refused"] == {"maxHosts": 1}
     assert set(status["registries"]) == {HOST, "127.9.0.1"}
     refusals = named(await scrape(client), "kuik_proxy_refusals_total")
-    assert refusals == {(("reason", "maxHosts"), ("registry", "-")): 1}
+    assert refusals == {
+        (("reason", "maxHosts"), ("registry", "-")): 1,
+        # the admitted host's reads, refused by the address guard (§12 counts those too)
+        (("reason", "addressGuard"), ("registry", "127.9.0.1")): 2,
+    }
     requests = named(await scrape(client), "kuik_proxy_requests_total")
     assert not any(dict(labels)["registry"] == "127.9.0.2" for labels in requests)
 
