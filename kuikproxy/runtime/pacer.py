@@ -818,7 +818,9 @@ class Pacer:
         """Before a check is admitted: when no answer kept here may serve it, the answers the
         fleet keeps are kept here too, so that an image another proxy read serves this one's
         resources as R1 says (read once per lap for the whole fleet)."""
-        fleet = self._host(request.host).fleet
+        # from the config, not the host's state: a request the limits refuse leaves none
+        shared = self.config.registry(request.host).fleet == "shared"
+        fleet = self.fleet if shared else None
         if fleet is None or self.kept.find(request) is not None:
             return
         for answer in await fleet.find(request):

@@ -25,6 +25,7 @@ _SCHEME = re.compile(r"\s*([A-Za-z0-9!#$%&'*+.^_`|~-]+)(?:\s+|$)")
 DEFAULT_TOKEN_LIFETIME = 60.0  # the token spec's default when expires_in is absent
 TOKEN_MARGIN = 5.0  # seconds before expiry a token is no longer used
 MAX_TOKENS = 10_000
+MAX_CHALLENGES = 1_024
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,4 +148,14 @@ class TokenCache:
     def put(self, host: str, scope: str, token: str, lifetime: float, now: float) -> None:
         if len(self._tokens) >= MAX_TOKENS:  # one per repository in use: drop the lapsed
             self._tokens = {k: v for k, v in self._tokens.items() if v[1] > now}
+            while len(self._tokens) >= MAX_TOKENS:  # all alive: the oldest goes
+                del self._tokens[next(iter(self._tokens))]
         self._tokens[(host, scope)] = (token, now + max(0.0, lifetime - TOKEN_MARGIN))
+
+    def challenged(self, host: str, challenge: Challenge) -> None:
+        """Remember ``host``'s last challenge; hosts under a wildcard are made up by clients,
+        so at most :data:`MAX_CHALLENGES` are kept, the oldest forgotten first."""
+        self.challenges.pop(host, None)
+        self.challenges[host] = challenge
+        while len(self.challenges) > MAX_CHALLENGES:
+            del self.challenges[next(iter(self.challenges))]

@@ -113,7 +113,7 @@ class Registries:
             if (before.credentials, before.upstream) != (after.credentials, after.upstream):
                 self._tokens.forget(host)
         self._config = config
-        self._tls: dict[str, ssl.SSLContext | bool] = {}
+        self._tls: dict[str, ssl.SSLContext] = {}
         self._signers: dict[str, str | None] = {}
         if self._guard is not None:
             self._guard.configure(trusted_endpoints(config))
@@ -141,17 +141,16 @@ class Registries:
     def tls(self, host: str) -> ssl.SSLContext | bool:
         """How the host's certificate is checked: the system's roots, plus ``tls.caFile``, or
         not at all with ``tls.insecureSkipVerify``."""
-        context = self._tls.get(host)
+        settings = self._config.registry(host).tls
+        if settings.insecure_skip_verify:
+            return False
+        if settings.ca_file is None:
+            return True
+        # kept per CA file, not per host: hosts under a wildcard share the default's
+        context = self._tls.get(settings.ca_file)
         if context is None:
-            settings = self._config.registry(host).tls
-            if settings.insecure_skip_verify:
-                context = False
-            elif settings.ca_file is not None:
-                context = ssl.create_default_context()
-                context.load_verify_locations(cafile=settings.ca_file)
-            else:
-                context = True
-            self._tls[host] = context
+            context = self._tls[settings.ca_file] = ssl.create_default_context()
+            context.load_verify_locations(cafile=settings.ca_file)
         return context
 
     async def send(
@@ -240,7 +239,7 @@ class Registries:
         """An ``Authorization`` answering ``challenge``, or None when there is none to give."""
         if challenge is None:
             return None
-        self._tokens.challenges[host] = challenge
+        self._tokens.challenged(host, challenge)
         user = load_credentials(self._config.registry(host).credentials, host)
         if challenge.scheme == "basic":
             return basic(*user) if user is not None else None
