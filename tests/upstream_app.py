@@ -4,6 +4,7 @@ request it receives, with the loop time it arrived at."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 BLOB_SIZE = 256 * 1024
 
 
@@ -57,7 +59,15 @@ class Seen:
 @dataclass
 class Registry:
     """The recording registry; ``delay`` slows manifest answers, ``fail`` maps paths to statuses
-    (with ``Retry-After: retry_after`` when set)."""
+    (with ``Retry-After: retry_after`` when set).
+
+    ``script`` is what the registry answers first, in order, whatever it is asked (the ping
+    too): a status and headers each; a 200 is the usual answer with those headers added, any
+    other status an error carrying them. ``negotiate`` serves manifests only to an ``Accept``
+    that takes ``MANIFEST_TYPE`` (or ``*/*``, or none) and 404s the others; ``content_type``
+    labels every manifest with that type whatever was asked (old registries say
+    ``application/json``); ``gzip`` encodes manifests for requests that accept it, as CDNs in
+    front of registries do (their length unknown until the end)."""
 
     seen: list[Seen] = field(default_factory=list)
     delay: float = 0.0
@@ -69,6 +79,10 @@ class Registry:
     # repository (sorted, paginated by ``n`` and ``last``); other repositories get NAME_UNKNOWN.
     unknown_tags: set[str] = field(default_factory=set)
     tags: dict[str, list[str]] = field(default_factory=dict)
+    script: list[tuple[int, dict[str, str]]] = field(default_factory=list)
+    negotiate: bool = False
+    content_type: str | None = None
+    gzip: bool = False
 
     def reads(self, kind: str = "manifests") -> list[Seen]:
         return [s for s in self.seen if f"/{kind}/" in s.path]
@@ -79,7 +93,19 @@ class Registry:
         app.router.add_route("*", "/v2/{name:.+}/manifests/{reference}", self.manifest)
         app.router.add_route("*", "/v2/{name:.+}/blobs/{digest}", self.blob)
         app.router.add_get("/v2/{name:.+}/tags/list", self.tag_list)
+        app.router.add_get("/v2/{name:.+}/referrers/{digest}", self.referrers)
         return app
+
+    def scripted(self) -> tuple[web.Response | None, dict[str, str]]:
+        """The next scripted answer: an error to send instead of the usual one, or the headers
+        to add to it (none once the script is spent)."""
+        if not self.script:
+            return None, {}
+        status, headers = self.script.pop(0)
+        if status == 200:
+            return None, headers
+        body = {"errors": [{"code": "TOOMANYREQUESTS", "message": "scripted"}]}
+        return web.json_response(body, status=status, headers=headers), {}
 
     def record(self, request: web.Request) -> None:
         headers: dict[str, list[str]] = {}
@@ -90,10 +116,18 @@ class Registry:
 
     async def ping(self, request: web.Request) -> web.Response:
         self.record(request)
-        return web.json_response({}, headers={"Docker-Distribution-API-Version": "registry/2.0"})
+        error, extra = self.scripted()
+        if error is not None:
+            return error
+        return web.json_response(
+            {}, headers={"Docker-Distribution-API-Version": "registry/2.0", **extra}
+        )
 
     async def manifest(self, request: web.Request) -> web.StreamResponse:
         self.record(request)
+        error, extra = self.scripted()
+        if error is not None:
+            return error
         if self.delay:
             await asyncio.sleep(self.delay)
         status = self.fail.get(request.path)
@@ -124,21 +158,32 @@ class Registry:
             )
         else:
             body = manifest_of(name, reference)
+        accept = ",".join(request.headers.getall("Accept", []))
+        fits = MANIFEST_TYPE in accept or "*/*" in accept or not accept
+        if self.negotiate and self.content_type is None and not fits:
+            return _unknown("MANIFEST_UNKNOWN", reference)
         headers = {
-            "Content-Type": MANIFEST_TYPE,
+            "Content-Type": self.content_type or MANIFEST_TYPE,
             "Docker-Content-Digest": digest_of(body),
             "Content-Length": str(len(body)),
+            **extra,
         }
         if request.method == "HEAD":
             return web.Response(headers=headers)
-        return web.Response(
-            body=body,
-            headers={k: v for k, v in headers.items() if k != "Content-Length"}
-            | {"Content-Type": MANIFEST_TYPE},
-        )
+        del headers["Content-Length"]
+        if self.gzip and "gzip" in request.headers.get("Accept-Encoding", ""):
+            response = web.StreamResponse(headers={**headers, "Content-Encoding": "gzip"})
+            await response.prepare(request)
+            await response.write(gzip.compress(body))
+            await response.write_eof()
+            return response
+        return web.Response(body=body, headers=headers)
 
     async def blob(self, request: web.Request) -> web.StreamResponse:
         self.record(request)
+        error, extra = self.scripted()
+        if error is not None:
+            return error
         status = self.fail.get(request.path)
         if status is not None:
             return web.json_response(
@@ -149,7 +194,11 @@ class Registry:
         if body is None:
             return _unknown("BLOB_UNKNOWN", digest)
         response = web.StreamResponse(
-            headers={"Content-Type": "application/octet-stream", "Docker-Content-Digest": digest}
+            headers={
+                "Content-Type": "application/octet-stream",
+                "Docker-Content-Digest": digest,
+                **extra,
+            }
         )
         response.content_length = len(body)
         await response.prepare(request)
@@ -165,6 +214,9 @@ class Registry:
         """``tags`` of the repository, sorted; ``n`` caps the page and ``last`` starts it after
         that tag, with a ``Link`` to the next page when one is cut short (distribution spec)."""
         self.record(request)
+        error, extra = self.scripted()
+        if error is not None:
+            return error
         name = request.match_info["name"]
         if name not in self.tags:
             return web.json_response(
@@ -174,12 +226,21 @@ class Registry:
         last = request.query.get("last")
         if last is not None:
             tags = [t for t in tags if t > last]
-        headers: dict[str, str] = {}
+        headers: dict[str, str] = dict(extra)
         n = request.query.get("n")
         if n is not None and len(tags) > int(n):
             tags = tags[: int(n)]
             headers["Link"] = f'</v2/{name}/tags/list?n={n}&last={tags[-1]}>; rel="next"'
         return web.json_response({"name": name, "tags": tags}, headers=headers)
+
+    async def referrers(self, request: web.Request) -> web.Response:
+        """The referrers API: an empty image index, whatever the digest."""
+        self.record(request)
+        error, extra = self.scripted()
+        if error is not None:
+            return error
+        index = {"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": []}
+        return web.json_response(index, content_type=INDEX_TYPE, headers=extra)
 
 
 def _unknown(code: str, digest: str) -> web.Response:

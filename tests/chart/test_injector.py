@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from kuikproxy.config import parse_config
 from kuikproxy.forward.authority import Authority
 from kuikproxy.inject import patch
+from tests import certs
 from tests.chart import NAMESPACE, RELEASE, Rendered, full_values, render, with_mode
 
 FULLNAME = f"{RELEASE}-kuikproxy"
@@ -238,21 +237,8 @@ def test_each_injected_namespace_gets_the_sidecar_config_and_ca(tmp_path: Path) 
 
 def cert_pem() -> str:
     """A self-signed certificate, PEM: what --set-file would append to the bundle."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "extra root")])
-    now = dt.datetime.now(dt.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return certificate.public_bytes(serialization.Encoding.PEM).decode()
+    root = certs.certificate("extra root", certs.new_key(), ca=True, before=dt.timedelta(0))
+    return certs.cert_pem(root).decode()
 
 
 def test_sidecar_settings_passed_to_the_webhook() -> None:

@@ -49,10 +49,10 @@ from typing import Any, Self
 import jwt
 import yaml
 from aiohttp import web
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import NameOID
+
+from tests.certs import certificate
 
 LOOPBACK = "127.0.0.1"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -530,18 +530,12 @@ class TokenServer(ThreadedServer):
         self.users, self.acl, self.service, self.issuer = dict(users), tuple(acl), service, issuer
         self.issued: list[IssuedToken] = []
         self._key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)])
-        now = dt.datetime.now(dt.UTC)
-        self._cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(self._key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(days=1))
-            .not_valid_after(now + dt.timedelta(days=30))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(self._key, hashes.SHA256())
+        self._cert = certificate(
+            issuer,
+            self._key,
+            ca=True,
+            before=dt.timedelta(days=1),
+            valid=dt.timedelta(days=30),
         )
         workdir.mkdir(parents=True, exist_ok=True)
         self.cert_file = workdir / "token-ca.pem"

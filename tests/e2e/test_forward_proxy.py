@@ -25,6 +25,7 @@ from typing import Self
 
 import pytest
 
+from tests.certs import self_signed
 from tests.e2e.conftest import require
 from tests.e2e.peers import (
     LOOPBACK,
@@ -38,7 +39,6 @@ from tests.e2e.peers import (
     run,
     seed,
 )
-from tests.web.test_tls_http import self_signed
 
 pytestmark = pytest.mark.e2e
 

@@ -21,8 +21,8 @@ from kuikproxy.core.quota import SharedBucket
 from kuikproxy.fleet import redis as redis_fleet
 from kuikproxy.fleet.backend import FleetUnavailable
 from kuikproxy.fleet.redis import RedisFleet
+from tests.certs import Authority
 from tests.fleet.conftest import FleetFactory, RedisServer, TlsFiles
-from tests.inject.certs import Authority
 
 HOST = "registry.test:5000"
 LONG = 60.0  # an interval no test outlives: turns never expire on their own

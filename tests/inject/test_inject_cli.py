@@ -20,7 +20,7 @@ import kuikproxy.inject.server
 from kuikproxy.cli import main
 from kuikproxy.inject.patch import SidecarSettings
 from kuikproxy.inject.server import WebhookSettings
-from tests.inject.certs import Authority
+from tests.certs import Authority
 from tests.inject.pods import REVIEW
 
 ENVIRONMENT = ("KUIKPROXY_SIDECAR_IMAGE", "KUIKPROXY_CONFIG_MAP", "KUIKPROXY_CA_BUNDLE_SECRET")

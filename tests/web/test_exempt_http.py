@@ -7,11 +7,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.config import parse_config
 from kuikproxy.web.app import build_app
+from tests.upstream_app import Registry
 
 pytestmark = pytest.mark.looptime
 
@@ -36,24 +36,15 @@ registries:
 def start(
     aiohttp_server: Callable[..., Awaitable[TestServer]],
     aiohttp_client: Callable[..., Awaitable[TestClient[Any, Any]]],
-) -> Callable[[], Awaitable[tuple[TestClient[Any, Any], list[tuple[str, float]]]]]:
+) -> Callable[[], Awaitable[tuple[TestClient[Any, Any], Registry]]]:
     """A registry that answers 429 (Retry-After 5) to ``/v2/app/manifests/stop``, 200 to the
     rest; kuikproxy before it, with an exempt flow schema for ``Kuik-Probe: webhook``."""
 
-    async def run() -> tuple[TestClient[Any, Any], list[tuple[str, float]]]:
-        seen: list[tuple[str, float]] = []
-
-        async def answer(request: web.Request) -> web.Response:
-            seen.append((request.path, asyncio.get_running_loop().time()))
-            if request.path.endswith("/stop"):
-                return web.Response(status=429, headers={"Retry-After": "5"})
-            return web.Response(headers={"Content-Type": "application/json"})
-
-        app = web.Application()
-        app.router.add_route("*", "/v2/{tail:.*}", answer)
-        server = await aiohttp_server(app)
+    async def run() -> tuple[TestClient[Any, Any], Registry]:
+        fake = Registry(fail={"/v2/app/manifests/stop": 429}, retry_after="5")
+        server = await aiohttp_server(fake.app())
         config = parse_config(CONFIG.format(host=HOST, port=server.port))
-        return await aiohttp_client(build_app(config)), seen
+        return await aiohttp_client(build_app(config)), fake
 
     return run
 
@@ -64,10 +55,10 @@ def head(client: TestClient[Any, Any], ref: str, headers: dict[str, str]) -> Any
 
 async def test_p14_an_exempt_read_goes_at_once_without_a_window(start: Any) -> None:
     """A read on an Exempt level is not paced: it reaches the registry at once."""
-    client, seen = await start()
+    client, fake = await start()
     t0 = asyncio.get_running_loop().time()
     assert (await head(client, "v1", PROBE)).status == 200
-    assert [(path, round(t - t0, 3)) for path, t in seen] == [("/v2/app/manifests/v1", 0.0)]
+    assert [(s.path, round(s.at - t0, 3)) for s in fake.seen] == [("/v2/app/manifests/v1", 0.0)]
 
 
 async def test_s11_an_exempt_read_to_a_blocked_host_gets_a_stale_kept_answer_or_429(
@@ -76,17 +67,17 @@ async def test_s11_an_exempt_read_to_a_blocked_host_gets_a_stale_kept_answer_or_
     """While the host is blocked, an exempt read is answered from a kept answer even past
     cache.maxAge, marked ``Warning: 110``, or else refused 429 with the block's remaining time;
     either way the registry is not asked."""
-    client, seen = await start()
+    client, fake = await start()
     assert (await head(client, "v1", {"Kuik-Resource": "monitor"})).status == 200  # kept
     blocked = asyncio.ensure_future(head(client, "stop", {"Kuik-Resource": "monitor"}))
     await asyncio.sleep(1.5)  # the block is in force (5 s), the kept answer past maxAge (1 s)
-    asked = len(seen)
+    asked = len(fake.seen)
     stale = await head(client, "v1", PROBE)
     assert stale.status == 200
     assert stale.headers["Warning"] == '110 - "Response is Stale"'
     refused = await head(client, "v2", PROBE)
     assert refused.status == 429
     assert 3 <= int(refused.headers["Retry-After"]) <= 4
-    assert len(seen) == asked
+    assert len(fake.seen) == asked
     blocked.cancel()
     await asyncio.gather(blocked, return_exceptions=True)

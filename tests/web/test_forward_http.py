@@ -29,8 +29,8 @@ from kuikproxy.config import load_config
 from kuikproxy.forward.front import FrontSite
 from kuikproxy.web.app import build_app
 from kuikproxy.web.keys import FORWARDING
+from tests.certs import self_signed
 from tests.upstream_app import Registry
-from tests.web.test_tls_http import self_signed
 
 SECURE, PLAIN = "registry.test", "plain.test"
 ROOT = Path(__file__).resolve().parents[2]

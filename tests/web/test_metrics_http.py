@@ -7,7 +7,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -126,17 +125,13 @@ async def test_s9_ratelimit_remaining_is_the_last_count_the_registry_sent(
 ) -> None:
     """``kuik_registry_ratelimit_remaining`` has no sample until a registry sends
     ``ratelimit-remaining``, then follows its last answer."""
-    counts = iter((99, 98))
-
-    async def answer(request: web.Request) -> web.Response:
-        remaining = f"{next(counts)};w=21600"
-        return web.Response(
-            headers={"ratelimit-limit": "100;w=21600", "ratelimit-remaining": remaining}
-        )
-
-    upstream = web.Application()
-    upstream.router.add_route("*", "/v2/{tail:.*}", answer)
-    server = await aiohttp_server(upstream)
+    fake = Registry(
+        script=[
+            (200, {"ratelimit-limit": "100;w=21600", "ratelimit-remaining": f"{count};w=21600"})
+            for count in (99, 98)
+        ]
+    )
+    server = await aiohttp_server(fake.app())
     text = (
         f"registries:\n  {HOST}:\n    upstream: http://127.0.0.1:{server.port}\n    paced: false\n"
     )

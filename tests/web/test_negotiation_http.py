@@ -9,59 +9,32 @@ for a client that asked differently.
 from __future__ import annotations
 
 import asyncio
-import gzip
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.config import parse_config
 from kuikproxy.web.app import build_app
-from tests.upstream_app import MANIFEST_TYPE, digest_of
+from tests.upstream_app import MANIFEST_TYPE, Registry, digest_of, manifest_of
 
 pytestmark = pytest.mark.looptime
 
 HOST = "registry.test"
 DOCKER_V2 = "application/vnd.docker.distribution.manifest.v2+json"
-BODY = b'{"schemaVersion":2,"layers":[]}'
+BODY = manifest_of("app", "v1")
 Client = TestClient[Any, Any]
 
 
-@dataclass
-class Negotiating:
-    """Serves ``app:v1`` as ``MANIFEST_TYPE`` to requests that accept it, 404 to the others;
-    ``legacy`` labels every manifest ``application/json`` whatever was asked."""
-
-    legacy: bool = False
-    seen: list[tuple[str, str]] = field(default_factory=list)
-
-    async def manifest(self, request: web.Request) -> web.Response:
-        accept = ",".join(request.headers.getall("Accept", []))
-        self.seen.append((request.method, accept))
-        headers = {"Docker-Content-Digest": digest_of(BODY), "Content-Length": str(len(BODY))}
-        if self.legacy:
-            headers["Content-Type"] = "application/json"
-        elif MANIFEST_TYPE in accept or "*/*" in accept or not accept:
-            headers["Content-Type"] = MANIFEST_TYPE
-        else:
-            return web.json_response({"errors": [{"code": "MANIFEST_UNKNOWN"}]}, status=404)
-        if request.method == "HEAD":
-            return web.Response(headers=headers)
-        del headers["Content-Length"]
-        if "gzip" in request.headers.get("Accept-Encoding", ""):
-            # as CDNs in front of registries do: encoded, its length unknown until the end
-            response = web.StreamResponse(headers={**headers, "Content-Encoding": "gzip"})
-            await response.prepare(request)
-            await response.write(gzip.compress(BODY))
-            await response.write_eof()
-            return response  # type: ignore[return-value]
-        return web.Response(body=BODY, headers=headers)
+def negotiating(legacy: bool = False) -> Registry:
+    """Serves ``app:v1`` as ``MANIFEST_TYPE`` to requests that accept it, 404 to the others
+    (gzipped to those that accept it); ``legacy`` labels every manifest ``application/json``
+    whatever was asked."""
+    return Registry(negotiate=True, content_type="application/json" if legacy else None, gzip=True)
 
 
-Start = Callable[..., Awaitable[tuple[Client, Negotiating]]]
+Start = Callable[..., Awaitable[tuple[Client, Registry]]]
 
 
 @pytest.fixture
@@ -69,11 +42,9 @@ def start(
     aiohttp_server: Callable[..., Awaitable[TestServer]],
     aiohttp_client: Callable[..., Awaitable[Client]],
 ) -> Start:
-    async def run(legacy: bool = False) -> tuple[Client, Negotiating]:
-        fake = Negotiating(legacy)
-        app = web.Application()
-        app.router.add_route("*", "/v2/app/manifests/v1", fake.manifest)
-        server = await aiohttp_server(app)
+    async def run(legacy: bool = False) -> tuple[Client, Registry]:
+        fake = negotiating(legacy)
+        server = await aiohttp_server(fake.app())
         config = parse_config(
             f"registries:\n  {HOST}:\n    upstream: http://127.0.0.1:{server.port}\n"
             "    check: {interval: 200ms}\n"
@@ -106,7 +77,7 @@ async def test_r2_the_request_a_window_takes_is_answered_whatever_type_comes_bac
         assert response.status == 200
         assert response.headers["Content-Type"] == "application/json"
     await asyncio.sleep(1)  # five more windows
-    assert len(fake.seen) == 1
+    assert len(fake.reads()) == 1
 
 
 @pytest.mark.parametrize(
@@ -127,7 +98,7 @@ async def test_r3_a_404_of_a_narrow_accept_is_no_verdict_for_a_broader_one(
     client, fake = await start()
     assert (await check(client, "narrow", *narrow)).status == 404
     assert (await check(client, "broad", *broad)).status == 200
-    assert len(fake.seen) == 2
+    assert len(fake.reads()) == 2
 
 
 async def test_r3_a_kept_404_serves_the_same_accept_set_in_any_order(start: Start) -> None:
@@ -136,7 +107,7 @@ async def test_r3_a_kept_404_serves_the_same_accept_set_in_any_order(start: Star
     client, fake = await start()
     assert (await check(client, "a", DOCKER_V2, "application/x-other")).status == 404
     assert (await check(client, "b", "application/x-other;q=0.5", DOCKER_V2)).status == 404
-    assert len(fake.seen) == 1
+    assert len(fake.reads()) == 1
 
 
 async def test_r3_a_head_served_from_a_kept_get_carries_the_exact_length(start: Start) -> None:
@@ -152,6 +123,6 @@ async def test_r3_a_head_served_from_a_kept_get_carries_the_exact_length(start: 
         assert "Content-Encoding" not in response.headers
         assert await response.read() == BODY
     head = await client.head(url, headers={"Kuik-Resource": "other", "Accept-Encoding": "gzip"})
-    assert head.status == 200 and len(fake.seen) == 1  # from the kept GET (R1)
+    assert head.status == 200 and len(fake.reads()) == 1  # from the kept GET (R1)
     assert head.headers["Content-Length"] == str(len(BODY))
     assert head.headers["Docker-Content-Digest"] == digest_of(BODY)

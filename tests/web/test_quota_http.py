@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.config import parse_config
 from kuikproxy.web.app import build_app
-from tests.upstream_app import blob_digest
+from tests.upstream_app import Registry, blob_digest
+
+
+class Seen:
+    """Who asked the registry (its ``Authorization``, or "anonymous") and when, as it comes."""
+
+    def __init__(self, fake: Registry) -> None:
+        self.fake = fake
+
+    def __iter__(self) -> Iterator[tuple[str, float]]:
+        for seen in self.fake.seen:
+            yield seen.headers.get("authorization", ["anonymous"])[0], seen.at
+
 
 pytestmark = pytest.mark.looptime
 
@@ -29,24 +40,16 @@ def basic(user: str) -> str:
 def start(
     aiohttp_server: Callable[..., Awaitable[TestServer]],
     aiohttp_client: Callable[..., Awaitable[TestClient[Any, Any]]],
-) -> Callable[[str], Awaitable[tuple[TestClient[Any, Any], list[tuple[str, float]]]]]:
-    async def run(buckets: str) -> tuple[TestClient[Any, Any], list[tuple[str, float]]]:
-        seen: list[tuple[str, float]] = []
-
-        async def answer(request: web.Request) -> web.Response:
-            who = request.headers.get("Authorization", "anonymous")
-            seen.append((who, asyncio.get_running_loop().time()))
-            return web.json_response({"manifests": []})
-
-        app = web.Application()
-        app.router.add_route("*", "/v2/{tail:.*}", answer)
-        server = await aiohttp_server(app)
+) -> Callable[[str], Awaitable[tuple[TestClient[Any, Any], Seen]]]:
+    async def run(buckets: str) -> tuple[TestClient[Any, Any], Seen]:
+        fake = Registry()
+        server = await aiohttp_server(fake.app())
         text = (
             f"registries:\n  {HOST}:\n    upstream: http://127.0.0.1:{server.port}\n"
             f"    paced: false\n    quota:\n      buckets:\n{buckets}"
         )
         client = await aiohttp_client(build_app(parse_config(text)))
-        return client, seen
+        return client, Seen(fake)
 
     return run
 

@@ -142,36 +142,27 @@ async def test_p13_the_turn_is_on_disk_before_its_read_is_sent(
 @pytest.fixture
 def throttling(
     aiohttp_server: Callable[..., Awaitable[TestServer]],
-) -> Callable[[], Awaitable[tuple[TestServer, list[float]]]]:
-    """A registry whose first answer is ``429`` with ``Retry-After: 120``, then 200s; and the
-    loop times it was asked at."""
+) -> Callable[[], Awaitable[tuple[TestServer, Registry]]]:
+    """A registry whose first answer is ``429`` with ``Retry-After: 120``, then 200s (it
+    records the loop times it was asked at)."""
 
-    async def start() -> tuple[TestServer, list[float]]:
-        seen: list[float] = []
-
-        async def answer(request: web.Request) -> web.Response:
-            seen.append(asyncio.get_running_loop().time())
-            if len(seen) == 1:
-                return web.Response(status=429, headers={"Retry-After": "120"})
-            return web.Response(status=200, headers={"Docker-Content-Digest": "sha256:" + "a" * 64})
-
-        app = web.Application()
-        app.router.add_route("*", "/v2/{tail:.*}", answer)
-        return await aiohttp_server(app), seen
+    async def start() -> tuple[TestServer, Registry]:
+        fake = Registry(script=[(429, {"Retry-After": "120"})])
+        return await aiohttp_server(fake.app()), fake
 
     return start
 
 
 @pytest.mark.usefixtures("wall_follows_the_loop")
 async def test_p13_s11_a_block_survives_a_restart(
-    throttling: Callable[[], Awaitable[tuple[TestServer, list[float]]]],
+    throttling: Callable[[], Awaitable[tuple[TestServer, Registry]]],
     aiohttp_client: Callable[..., Awaitable[TestClient[Any, Any]]],
     tmp_path: Path,
 ) -> None:
     """A 429 with ``Retry-After: 120`` blocks the host; a proxy started on the same file ten
     seconds later shows the same block, loses its windows to it, sends nothing until it ends,
     and reads at the first window after it."""
-    server, seen = await throttling()
+    server, fake = await throttling()
     text = (
         f"{state(tmp_path)}\n"
         f"registries:\n  {HOST}:\n    upstream: http://127.0.0.1:{server.port}\n"
@@ -181,8 +172,8 @@ async def test_p13_s11_a_block_survives_a_restart(
     first = await aiohttp_client(build_app(parse_config(text)))
     held = [asyncio.ensure_future(head(first, "v1"))]
     await asyncio.sleep(2 * INTERVAL)
-    assert len(seen) == 1
-    until = seen[0] + 120.0
+    assert len(fake.seen) == 1
+    until = fake.seen[0].at + 120.0
     before = (await (await first.get("/status")).json())["registries"][HOST]["blockedUntil"]
     await stop_with_held(first, held)
 
@@ -194,8 +185,8 @@ async def test_p13_s11_a_block_survives_a_restart(
     assert client_blocked_until(second) == pytest.approx(until, abs=0.01)
     response = await head(second, "v1")
     assert response.status == 200
-    assert len(seen) == 2
-    after = seen[1]
+    assert len(fake.seen) == 2
+    after = fake.seen[1].at
     assert until <= after < until + INTERVAL + 0.01
     windows = (await (await second.get("/status")).json())["registries"][HOST]["check"]["windows"]
     assert windows["blocked"] == int((until - restarted) / INTERVAL)

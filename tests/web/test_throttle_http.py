@@ -7,16 +7,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.config import parse_config
 from kuikproxy.web.app import build_app
+from tests.upstream_app import Registry
 
 pytestmark = pytest.mark.looptime
 
 HOST = "registry.test"
-Start = Callable[..., Awaitable[tuple[TestClient[Any, Any], list[float]]]]
+Start = Callable[..., Awaitable[tuple[TestClient[Any, Any], Registry]]]
 
 
 @pytest.fixture
@@ -25,29 +25,26 @@ def start(
     aiohttp_client: Callable[..., Awaitable[TestClient[Any, Any]]],
 ) -> Start:
     """A registry whose first answer is ``first`` (status, headers), the rest 200; and
-    kuikproxy before it. Returns the client and the times the registry was asked."""
+    kuikproxy before it. Returns the client and the registry."""
 
     async def run(
         first: tuple[int, dict[str, str]], block: str = ""
-    ) -> tuple[TestClient[Any, Any], list[float]]:
-        seen: list[float] = []
-
-        async def answer(request: web.Request) -> web.Response:
-            seen.append(asyncio.get_running_loop().time())
-            status, headers = first if len(seen) == 1 else (200, {})
-            return web.Response(status=status, headers=headers)
-
-        app = web.Application()
-        app.router.add_route("*", "/v2/{tail:.*}", answer)
-        server = await aiohttp_server(app)
+    ) -> tuple[TestClient[Any, Any], Registry]:
+        fake = Registry(script=[first])
+        server = await aiohttp_server(fake.app())
         text = (
             f"registries:\n  {HOST}:\n    upstream: http://127.0.0.1:{server.port}\n"
             f"    check: {{interval: 200ms{block}}}\n"
         )
         client = await aiohttp_client(build_app(parse_config(text)))
-        return client, seen
+        return client, fake
 
     return run
+
+
+def times(fake: Registry) -> list[float]:
+    """The loop times the registry was asked at."""
+    return [s.at for s in fake.seen]
 
 
 def head(client: TestClient[Any, Any], ref: str, resource: str = "r") -> Any:
@@ -58,7 +55,7 @@ async def test_s11_a_429_with_retry_after_blocks_the_host_until_then(start: Star
     """A 429 with ``Retry-After: 2``: the host's windows are lost (``blocked``) until then,
     nothing is sent to it, and the request whose read was refused keeps waiting through the
     block and is served after it — it never sees the registry's 429."""
-    client, seen = await start((429, {"Retry-After": "2"}))
+    client, fake = await start((429, {"Retry-After": "2"}))
     t0 = asyncio.get_running_loop().time()
     waiting = asyncio.ensure_future(head(client, "v1"))
     await asyncio.sleep(0.5)
@@ -66,7 +63,7 @@ async def test_s11_a_429_with_retry_after_blocks_the_host_until_then(start: Star
     assert status["registries"][HOST]["blockedUntil"] is not None
     assert status["registries"][HOST]["quota"]["blockedUntil"] is not None
     assert (await waiting).status == 200
-    assert [round(t - t0, 1) for t in seen] == [0.2, 2.2]  # the next window after the block
+    assert [round(t - t0, 1) for t in times(fake)] == [0.2, 2.2]  # the next window after the block
     status = await (await client.get("/status")).json()
     assert status["registries"][HOST]["check"]["windows"]["blocked"] >= 9
 
@@ -109,22 +106,23 @@ async def test_s11_docker_hub_remaining_zero_blocks_for_window_over_limit(start:
     """``ratelimit-remaining: 0;w=60`` with ``ratelimit-limit: 30;w=60`` blocks the host for
     60/30 = 2 s; /status says why (the last remaining, the block's end)."""
     headers = {"ratelimit-limit": "30;w=60", "ratelimit-remaining": "0;w=60"}
-    client, seen = await start((200, headers))
+    client, fake = await start((200, headers))
     t0 = asyncio.get_running_loop().time()
     assert (await head(client, "v1")).status == 200
     quota = (await (await client.get("/status")).json())["registries"][HOST]["quota"]
     assert quota["ratelimitRemaining"] == 0
     assert quota["blockedUntil"] is not None
     assert (await head(client, "v2")).status == 200
-    assert [round(t - t0, 1) for t in seen] == [0.2, 2.2]
+    assert [round(t - t0, 1) for t in times(fake)] == [0.2, 2.2]
 
 
 async def test_s11_a_429_without_retry_after_backs_off(start: Start) -> None:
     """Without ``Retry-After``, a 429 blocks the host for an exponential backoff with jitter
     (base 1 s: between 0.5 and 1 s for the first), then reads resume."""
-    client, seen = await start((429, {}))
+    client, fake = await start((429, {}))
     t0 = asyncio.get_running_loop().time()
     assert (await head(client, "v1")).status == 200  # waited through the backoff
+    seen = times(fake)
     gap = seen[1] - seen[0]
     assert 0.5 <= gap <= 1.0 + 0.2 + 1e-6
     assert round(seen[0] - t0, 1) == 0.2
