@@ -1,4 +1,4 @@
-"""What kuikproxy's state costs in memory, and what reading it costs the event loop (issue 12).
+"""What kuikproxy's state costs in memory, and what reading it costs the event loop.
 
 Everything runs in this process, on 127.0.0.1 only: kuikproxy (``build_app``) before the test
 registry (``tests/upstream_app.py``), both on ``aiohttp.web`` runners, and a raw-socket client

@@ -202,7 +202,7 @@ def test_status_says_when_the_last_reload_was_refused() -> None:
 
 
 def test_status_says_when_resources_are_left_to_other_pages() -> None:
-    """/status lists a page of resources (issue 12): the tables say how many there are."""
+    """/status lists a page of resources: the tables say how many there are."""
     document = {"registries": {}, "resources": {}, "resourcesTotal": 250, "resourcesNext": "x"}
     output = render(document, datetime.now(UTC))
     assert "the first 0 of 250 resources: /status?after= for the others" in output

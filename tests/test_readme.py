@@ -1,4 +1,4 @@
-"""The README's three ways of use, and ``examples/kuik/``, say what works (issue 7).
+"""The README's three ways of use, and ``examples/kuik/``, say what works.
 
 Each ``helm upgrade --install`` in them is rendered with its own ``--set`` and ``-f`` values
 and must give that way's objects, each validated by Kubernetes' schemas (1.30); the label the

@@ -1,5 +1,5 @@
 """What kuikproxy keeps per registry host it talks to is bounded: hosts under a wildcard are
-names clients make up (issue 12)."""
+names clients make up."""
 
 from __future__ import annotations
 

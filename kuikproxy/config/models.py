@@ -294,7 +294,7 @@ class CacheSettings:
 
 @dataclass(frozen=True, config=_MODEL_CONFIG)
 class LimitsSettings:
-    """Bounds on what kuikproxy keeps in memory (issue 12): a request that would pass one is
+    """Bounds on what kuikproxy keeps in memory: a request that would pass one is
     refused (503) and counted; what already has state keeps working. The defaults are far above
     what a real deployment holds and keep the worst case to a few hundred MiB (decisions.md)."""
 
@@ -357,7 +357,7 @@ class ForwardProxySettings:
 
 @dataclass(frozen=True, config=_MODEL_CONFIG)
 class RedisSettings:
-    """Where the fleet meets (issue 8)."""
+    """Where the fleet meets."""
 
     url: Annotated[str, Field(min_length=1)]
     """``redis://host:port/db``, or ``rediss://`` for TLS; a password may be in it."""
@@ -369,7 +369,7 @@ class RedisSettings:
 
 @dataclass(frozen=True, config=_MODEL_CONFIG)
 class FleetSettings:
-    """Several proxies sharing one registry budget (issue 8): windows, blocks and their
+    """Several proxies sharing one registry budget: windows, blocks and their
     origins are the fleet's, kept in Redis."""
 
     redis: RedisSettings

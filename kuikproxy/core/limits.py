@@ -1,4 +1,4 @@
-"""Limits on what kuikproxy keeps (issue 12), as pure decisions.
+"""Limits on what kuikproxy keeps, as pure decisions.
 
 kuikproxy's state grows with the names clients send: each new resource gets a ring on each host
 it asks there, each new host under an allowed wildcard a scheduler of its own, each new image a

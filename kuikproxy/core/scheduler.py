@@ -668,7 +668,7 @@ class HostScheduler:
             else:
                 heapq.heappush(heap, (oldest, resource))
 
-    # -- when nothing is due: sleep, sweep, forget (issue 12) ---------------------------------
+    # -- when nothing is due: sleep, sweep, forget ---------------------------------
 
     def next_due(self, operation: Operation, now: float) -> float | None:
         """When the runtime must fire ``operation``'s series next: its next window while

@@ -23,7 +23,7 @@ class Outcome(StrEnum):
     IDLE = "idle"  # nothing was due
     BUSY = "busy"  # the previous image of the series was still being read (or the loop was late)
     BLOCKED = "blocked"  # the registry asked us to stop (§11)
-    FLEET = "fleet"  # another proxy of the fleet used it (issue 8)
+    FLEET = "fleet"  # another proxy of the fleet used it
 
 
 @dataclass(slots=True)
@@ -75,7 +75,7 @@ class Series:
         self.outcomes[outcome] += 1
 
     def align(self, origin: float, now: float) -> None:
-        """Take the fleet's grid (issue 8): windows at ``origin + k·interval``, the next one the
+        """Take the fleet's grid: windows at ``origin + k·interval``, the next one the
         first after ``now``. The windows skipped to get there are not counted: they were the
         fleet's, never this proxy's."""
         self.origin = origin

@@ -1,4 +1,4 @@
-"""Several kuikproxy processes sharing one registry budget (issue 8).
+"""Several kuikproxy processes sharing one registry budget.
 
 :mod:`.backend` is the seam: what the runtime asks of a fleet — who may use a window of a host's
 series, the series' shared origins, blocks, and how many proxies there are. :mod:`.redis` is the

@@ -1,4 +1,4 @@
-"""The fleet on Redis (issue 8): :class:`RedisFleet` implements :class:`FleetBackend`.
+"""The fleet on Redis: :class:`RedisFleet` implements :class:`FleetBackend`.
 
 Key layout, with the default ``key_prefix`` ``kuikproxy:``, ``<series>`` ``check`` or ``copy``,
 ``<host>`` the registry host as configured (``{…}`` literal braces, a Redis hash tag)::

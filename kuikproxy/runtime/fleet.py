@@ -1,4 +1,4 @@
-"""A proxy's side of a fleet (issue 8): windows used by turns across proxies, one budget.
+"""A proxy's side of a fleet: windows used by turns across proxies, one budget.
 
 With ``fleet`` configured, every host whose ``fleet`` is ``shared`` paces on the fleet's grid:
 its series' origins are the fleet's (the first proxy to start sets them), and before a window

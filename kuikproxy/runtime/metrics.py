@@ -327,7 +327,7 @@ class Metrics:
         self.registry.register(RefusalCollector(lambda: self._scrape.refused))
         self.registry.register(FlowControlCollector(lambda: self._scrape.levels))
         self.registry.register(QuotaCollector(lambda: self._scrape.quotas))
-        if fleet is not None:  # issue 8: whether the fleet is reached, and how large it is
+        if fleet is not None:  # whether the fleet is reached, and how large it is
             connected = Gauge(
                 "kuik_proxy_fleet_connected",
                 "1 while the fleet's store is reached; 0 while this proxy paces alone, on one "
@@ -407,7 +407,7 @@ class Metrics:
         return host if self._known(host) else NO_HOST
 
     def forget(self, host: str) -> None:
-        """The host's state was let go of (issue 12): so are its series, or a proxy that sees
+        """The host's state was let go of: so are its series, or a proxy that sees
         a new host under a wildcard every day would grow a series for each for ever."""
         for answered in self._answered.pop(host, {}):
             self.requests.remove(host, *answered)

@@ -188,7 +188,7 @@ class _Host:
 
     def arm(self, operation: Operation) -> None:
         """Set the series' timer at its next window while something may be due there; with
-        nothing due it sleeps, timerless, until :meth:`wake` (issue 12: a quiet host costs no
+        nothing due it sleeps, timerless, until :meth:`wake` (a quiet host costs no
         CPU)."""
         loop = self.pacer.loop
         old = self.timers.pop(operation, None)
@@ -663,14 +663,14 @@ class Pacer:
         self.loop = loop or asyncio.get_running_loop()
         self.started = self.loop.time()
         self.wall_offset = time.time() - self.started  # for /status: loop time → wall time
-        # the proxies this one shares registries' budgets with (issue 8), if any
+        # the proxies this one shares registries' budgets with, if any
         self.fleet = None if fleet is None else FleetLink(fleet, self.loop, self.wall_offset)
         self.kept = KeptAnswers(config.cache.max_entries, config.cache.max_bytes)
         self.flow = FlowGate(config.flow_control, self.loop)
         self.observers: list[WindowObserver] = []
         # told the name of each host whose state is let go of (forgotten, or no longer paced)
         self.forgetters: list[Callable[[str], None]] = []
-        # every host's resources and ring images, counted against the limits (issue 12)
+        # every host's resources and ring images, counted against the limits
         self.census = Census(limits_of(config))
         self.sweeps = Sweeps(self.loop, self._sweep)
         self.refused = Refusals(None)  # refusals no host's state answers for (maxHosts)
@@ -720,7 +720,7 @@ class Pacer:
         return None if host is None else host.sweep(now)
 
     def forget(self, name: str) -> None:
-        """Let go of an idle host's state (issue 12): what it held is unused since a retention,
+        """Let go of an idle host's state: what it held is unused since a retention,
         so it costs nothing to make again; its refusal counts and window log go with it."""
         host = self._hosts.pop(name)
         self._extra.discard(name)
@@ -891,7 +891,7 @@ class Pacer:
             quota = host.quota
             wait = quota.wait(categories, identity, self.loop.time())
             if wait <= 0 and fleet is not None and shared:
-                # a fleet's buckets are the fleet's (issue 8): its store's first, then ours
+                # a fleet's buckets are the fleet's: its store's first, then ours
                 wait = await fleet.take(name, shared)
             if wait <= 0 and quota.take(categories, identity, self.loop.time()) <= 0:
                 return

@@ -1,4 +1,4 @@
-"""When each host's state next lapses, on one timer (issue 12).
+"""When each host's state next lapses, on one timer.
 
 A series with nothing due sleeps: no timer, no window (:meth:`HostScheduler.next_due`). What
 its windows did in passing — dropping ring images past their retention (P8) — and forgetting a

@@ -26,7 +26,7 @@ class WindowLog:
         series.append((result.at, result.outcome.value))
 
     def forget(self, host: str) -> None:
-        """The host's state was let go of (issue 12): its windows go with it."""
+        """The host's state was let go of: its windows go with it."""
         for operation in Operation:
             self._series.pop((host, operation), None)
 

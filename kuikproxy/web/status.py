@@ -228,7 +228,7 @@ def quota_status(quota: QuotaSnapshot, clock: Clock) -> QuotaStatus | None:
 @dataclass(frozen=True, slots=True)
 class ResourcePage:
     """The resources one ``/status`` lists: a page of those with state, in name order — so
-    that a status costs what it shows, however many resources there are (issue 12)."""
+    that a status costs what it shows, however many resources there are."""
 
     names: list[str]
     total: int

@@ -1,5 +1,5 @@
 """What ``helm install`` prints in mode service (NOTES.txt): the strict node configurations
-first (issue 13, SPEC §14), naming the Service's address and port, and the available variant
+first (SPEC §14), naming the Service's address and port, and the available variant
 only in words, with what it costs."""
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ def test_a_file_without_a_document_is_refused_at_start(
 
 
 def test_check_config_shows_the_limits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """check-config prints the limits on kept state (issue 12), defaults filled in."""
+    """check-config prints the limits on kept state, defaults filled in."""
     path = tmp_path / "limits.yaml"
     path.write_text("limits: {maxHosts: 50, maxRingImages: 2000}\n")
     assert main(["check-config", str(path)]) == 0

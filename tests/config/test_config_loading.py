@@ -469,7 +469,7 @@ def test_example_config_commented_examples_are_valid(tmp_path: Path) -> None:
 
 
 def test_limits_are_counts_above_zero() -> None:
-    """``limits`` (issue 12): camelCase keys, each a count above zero, defaults for the rest;
+    """``limits``: camelCase keys, each a count above zero, defaults for the rest;
     every mistake reported with its path."""
     assert parse_config("limits: {maxResources: 50}").limits == LimitsSettings(max_resources=50)
     with pytest.raises(ConfigError) as caught:

@@ -165,7 +165,7 @@ def test_many_identities_stay_bounded() -> None:
 
 
 def test_shared_buckets_take_all_or_none_and_refill() -> None:
-    """A fleet's buckets (issue 8) follow the same rule as a proxy's own: one token from each
+    """A fleet's buckets follow the same rule as a proxy's own: one token from each
     or none, the wait until all would have one, refilled at their rate up to their burst."""
     reads = SharedBucket("DataplaneRead/registry", rate=0.1, burst=2)
     mine = SharedBucket("DataplaneRead/identity/alice", rate=0.1, burst=1)

@@ -1,4 +1,4 @@
-"""Pulls through kuikproxy from a registry behind docker token auth (issue 3, acceptance 2).
+"""Pulls through kuikproxy from a registry behind docker token auth (acceptance 2).
 
 The registry trusts only the test token server: anyone may pull ``public/*``, only alice
 ``private/*``. kuikproxy either holds alice's credentials itself (every client then pulls

@@ -14,7 +14,7 @@ query.
 "Before the flood" is after a first, smaller flood and a quiet retention: by then kuikproxy's
 bounded caches are full — its 8,192 request lines (``web/classify.py``), 4,096 host names
 (``config/models.py``) — as in any proxy that has run for a while, and the allocator has been
-through a flood once. What the test then pins is what issue 12 is about: another flood, ten
+through a flood once. What the test then pins is what bounded state is about: another flood, ten
 times larger, leaves nothing behind.
 """
 

@@ -1,4 +1,4 @@
-"""Real clients pull through kuikproxy from the CNCF distribution registry (issue 3, acceptance 1).
+"""Real clients pull through kuikproxy from the CNCF distribution registry (acceptance 1).
 
 Each client names the image by its registry, ``registry.test:5000/app:v1``, a name that does not
 resolve: the pull can only succeed through the mirror configured from ``examples/``, with

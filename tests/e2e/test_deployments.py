@@ -1,5 +1,5 @@
 """The shipped client configurations under every refusal: strict never bypasses kuikproxy
-(issue 13, SPEC §14).
+(SPEC §14).
 
 Four clients pull with the files the project ships, rendered with the test's addresses:
 containerd through ``ctr images pull --hosts-dir`` and through its CRI plugin's ``PullImage``

@@ -1,4 +1,4 @@
-"""A fleet of real ``kuikproxy serve`` processes sharing one ``redis-server`` (issue 8).
+"""A fleet of real ``kuikproxy serve`` processes sharing one ``redis-server``.
 
 The suite's distribution registry is the one upstream, and its request log the evidence; each
 proxy reads it as ``registry.test:5000`` with a check window every 200 ms, and every proxy's

@@ -1,4 +1,4 @@
-"""Forward-proxy mode with real Go clients (SPEC §13, issue 7 acceptance 1).
+"""Forward-proxy mode with real Go clients (SPEC §13).
 
 kube-image-keeper's controllers cannot be given a mirror; they honour ``HTTPS_PROXY`` and
 ``SSL_CERT_FILE``, as skopeo and podman do. Here both pull the two-platform image from the

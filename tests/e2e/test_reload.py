@@ -1,4 +1,4 @@
-"""Reload and shutdown of a real ``kuikproxy serve`` process (SPEC §7.2, P12; issue 6).
+"""Reload and shutdown of a real ``kuikproxy serve`` process (SPEC §7.2, P12).
 
 **Edit storm** (acceptance 3). kuikproxy reads ``registry.test:5000`` (the suite's distribution
 registry) with checks every 400 ms and copies every 700 ms. Clients keep a check and a copy due

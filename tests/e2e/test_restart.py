@@ -1,5 +1,5 @@
-"""Restarts of a real ``kuikproxy serve`` process with ``state.path`` (P13; issue 6, acceptance 1
-and 2). The registry's own request log (or nginx's, for the 429) is the evidence.
+"""Restarts of a real ``kuikproxy serve`` process with ``state.path`` (P13). The registry's own
+request log (or nginx's, for the 429) is the evidence.
 
 **Crash** (acceptance 1). Two resources track eight images each on ``registry.test:5000``, with
 a check window every 200 ms; each image has a client that asks again as soon as it is answered,

@@ -1,4 +1,4 @@
-"""RedisFleet (issue 8) against a real redis-server: shared origins, windows taken by at most
+"""RedisFleet against a real redis-server: shared origins, windows taken by at most
 one proxy in turns, blocks that never shorten, the fleet's size, and an outage that every call
 reports at once and that ends when the server is back.
 

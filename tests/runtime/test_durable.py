@@ -130,7 +130,7 @@ def load(path: str) -> Saved:
 async def test_a_detached_host_writes_its_last_changes_and_nothing_after(
     durable: Durable, scheduler: HostScheduler
 ) -> None:
-    """A host forgotten when idle (issue 12) is detached: the rings that expired before it was
+    """A host forgotten when idle is detached: the rings that expired before it was
     are dropped from the file with the next write, and it is written no more."""
     scheduler.check("web", Image(HOST, "app", "v1"), 1.0, auth=None, kept_at=1.0)  # R1
     await durable.flush()

@@ -1,4 +1,4 @@
-"""runtime/sweeps.py: every host's lapses on one timer (issue 12), on virtual time."""
+"""runtime/sweeps.py: every host's lapses on one timer, on virtual time."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Several proxies pacing one registry as a fleet (issue 8), in one process on virtual time.
+"""Several proxies pacing one registry as a fleet, in one process on virtual time.
 
 Each proxy is a whole application before the same recording registry; they share a fleet
 through :class:`~kuikproxy.fleet.memory.MemoryFleet` (the seam's reference implementation: the

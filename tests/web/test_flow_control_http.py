@@ -1,4 +1,4 @@
-"""Flow control through the proxy (SPEC §10, issue 5 acceptance 2): one flow floods 10,000
+"""Flow control through the proxy (SPEC §10): one flow floods 10,000
 requests, a second sends 10 on the same Limited level.
 
 Two places where a flood is held back, one test each:

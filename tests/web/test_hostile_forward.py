@@ -1,4 +1,4 @@
-"""Hostile clients of the forward proxy (SPEC §13, issue 12): nobody gets in where they don't
+"""Hostile clients of the forward proxy (SPEC §13): nobody gets in where they don't
 belong.
 
 * The leaf kuikproxy presents in a ``CONNECT`` tunnel is signed by the CA every intercepted pod

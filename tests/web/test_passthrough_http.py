@@ -1,4 +1,4 @@
-"""Hosts kuik owns (``paced: false``) take every method; blob ranges pass (§4.1, issue 3)."""
+"""Hosts kuik owns (``paced: false``) take every method; blob ranges pass (§4.1)."""
 
 from __future__ import annotations
 

@@ -79,7 +79,7 @@ def take_shared(
 ) -> float:
     """A token from every bucket (all or none; ``saved`` maps a key to its level and the time
     it was at it, a bucket not in it being full): 0.0, or the seconds until all would have one.
-    The rule a fleet's store applies to its shared buckets (issue 8), in Python."""
+    The rule a fleet's store applies to its shared buckets, in Python."""
     buckets = tuple(buckets)
     levels = []
     for bucket in buckets:
@@ -215,8 +215,8 @@ class Buckets:
             # an identity without an entry has full buckets: they never make anyone wait
 
     def fixed(self, categories: Iterable[Category], identity: str) -> list[SharedBucket]:
-        """The buckets of fixed rate a request counts against, as a fleet shares them (issue
-        8): learnt ones are left out, each proxy follows the registry's own count for those."""
+        """The buckets of fixed rate a request counts against, as a fleet shares them: learnt
+        ones are left out, each proxy follows the registry's own count for those."""
         out = []
         for spec in self.specs:
             if spec.category not in categories or spec.rate_per_minute is None:
