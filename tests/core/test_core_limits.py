@@ -1,4 +1,4 @@
-"""Issue 12: bounded state — limits refuse what would pass them, series with nothing due sleep,
+"""Bounded state — limits refuse what would pass them, series with nothing due sleep,
 sweeps drop what retention lets go of, and an idle host may be forgotten. Explicit ``now``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12's acceptance: a flood of names kuikproxy must not keep.
+"""The acceptance of bounded state: a flood of names kuikproxy must not keep.
 
 kuikproxy runs as a process of its own (its RSS is then its own) before the distribution
 registry, with limits low enough for a flood to pass them and a retention short enough to wait

@@ -1,4 +1,4 @@
-"""Issue 5 acceptance 4: an ACR preset, scaled down with ``share``, through the proxy.
+"""An ACR preset (§11), scaled down with ``share``, through the proxy.
 
 ``preset: acr-basic`` at ``share: 0.012`` keeps ACR's shape at rates a test can watch: reads
 120 a minute per registry (burst 2) and 60 per identity (burst 1), referrers 6 per registry and

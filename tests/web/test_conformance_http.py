@@ -1,6 +1,6 @@
 """The OCI distribution-spec conformance suite's read expectations hold through kuikproxy.
 
-Issue 13, acceptance 4. The suite (opencontainers/distribution-spec ``conformance/`` at
+The suite (opencontainers/distribution-spec ``conformance/`` at
 13a5d3e) was run by hand through kuikproxy in front of Debian's ``docker-registry``; how, and
 its results, are in ``docs/conformance.md``. Each case of the table below pins one read
 expectation of its *pull* workflow (``01_pull_test.go``), plus the tag-list reads of its content

@@ -1,4 +1,4 @@
-"""Issue 12 over HTTP: each limit refuses with its body, counter and /status entry; a quiet
+"""Bounded state over HTTP: each limit refuses with its body, counter and /status entry; a quiet
 host costs no timer and is forgotten after the retention; rings expire with no window;
 /status pages its resources; /metrics caps the per-ring series.
 
