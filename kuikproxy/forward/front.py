@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from kuikproxy.config import Config, validate_host
+from kuikproxy.errors import Denied, RegistryError
 
 if TYPE_CHECKING:  # cryptography is loaded only where certificates are minted
     from kuikproxy.forward.authority import Authority
@@ -98,10 +99,16 @@ class Forwarding:
     """What every :class:`Front` shares: the application's server (set when the site starts),
     the running config, the CA, and the decrypted connections with the registry each is for."""
 
-    def __init__(self, config: Callable[[], Config], authority: Authority) -> None:
+    def __init__(
+        self,
+        config: Callable[[], Config],
+        authority: Authority,
+        refused: Callable[[RegistryError], None] = lambda error: None,
+    ) -> None:
         self.server: web.Server | None = None
         self.config = config
         self.authority = authority
+        self.refused = refused  # counts a refusal of kuikproxy's own (SPEC §12)
         self.tunnels: weakref.WeakKeyDictionary[asyncio.BaseTransport, Tunnel] = (
             weakref.WeakKeyDictionary()
         )
@@ -215,7 +222,9 @@ class Front(asyncio.Protocol):
             tunnel = Tunnel(host, headers.get("proxy-authorization"))
             self.spawn(self.intercept(tunnel, server_name(target)))
         else:
-            self.answer(403, "Forbidden", f"kuikproxy may not contact {host}", code="DENIED")
+            denied = Denied(f"kuikproxy may not contact {host}", refusal="notAllowed")
+            self.forwarding.refused(denied)
+            self.answer(403, "Forbidden", denied.message, code=denied.code)
 
     def spawn(self, coroutine: object) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coroutine)  # type: ignore[arg-type]

@@ -373,7 +373,11 @@ def build_app(
         from kuikproxy.forward.authority import Authority
 
         authority = Authority(forward.ca.cert_file, forward.ca.key_file)
-        app[FORWARDING] = Forwarding(lambda: current.config, authority)
+        app[FORWARDING] = Forwarding(
+            lambda: current.config,
+            authority,
+            refused=lambda error: app[PACER].refused_now(None, error),
+        )
     app[WINDOW_LOG] = WindowLog()
     app[PINGS] = KeptPings()
     lifecycle = _Lifecycle(config, transport, config_path, fleet)

@@ -169,9 +169,16 @@ async def test_a_connect_to_a_host_not_allowed_is_refused(
         writer.write(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
         answer = await reader.read()
         writer.close()
+        # counted as every refusal is (§12), under no host's name
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{setup.proxy}/status") as response,
+        ):
+            status = await response.json()
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 403 ")
     assert json.loads(body)["errors"][0]["code"] == "DENIED"
+    assert status["refused"] == {"notAllowed": 1}
 
 
 @pytest.mark.parametrize(
