@@ -7,6 +7,7 @@ import asyncio
 import gzip
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -247,3 +248,14 @@ def _unknown(code: str, digest: str) -> web.Response:
     return web.json_response(
         {"errors": [{"code": code, "message": f"unknown {digest}"}]}, status=404
     )
+
+
+class Callers:
+    """Who asked ``fake`` — its ``Authorization``, or ``anonymous`` — and when, as it comes."""
+
+    def __init__(self, fake: Registry, anonymous: str = "") -> None:
+        self.fake, self.anonymous = fake, anonymous
+
+    def __iter__(self) -> Iterator[tuple[str, float]]:
+        for seen in self.fake.seen:
+            yield seen.headers.get("authorization", [self.anonymous])[0], seen.at

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -18,19 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.config import parse_config
 from kuikproxy.web.app import build_app
-from tests.upstream_app import Registry, blob_digest
-
-
-class Seen:
-    """Who asked the registry (its ``Authorization``, or "") and when, as it comes."""
-
-    def __init__(self, fake: Registry) -> None:
-        self.fake = fake
-
-    def __iter__(self) -> Iterator[tuple[str, float]]:
-        for seen in self.fake.seen:
-            yield seen.headers.get("authorization", [""])[0], seen.at
-
+from tests.upstream_app import Callers, Registry, blob_digest
 
 pytestmark = pytest.mark.looptime
 
@@ -46,14 +34,14 @@ def basic(user: str) -> dict[str, str]:
 async def start(
     aiohttp_server: Callable[..., Awaitable[TestServer]],
     aiohttp_client: Callable[..., Awaitable[TestClient[Any, Any]]],
-) -> tuple[TestClient[Any, Any], Seen]:
+) -> tuple[TestClient[Any, Any], Callers]:
     fake = Registry()
     server = await aiohttp_server(fake.app())
     config = parse_config(
         f"registries:\n  {HOST}:\n    upstream: http://127.0.0.1:{server.port}\n"
         "    paced: false\n    quota: {preset: acr-basic, share: 0.012}\n"
     )
-    return await aiohttp_client(build_app(config)), Seen(fake)
+    return await aiohttp_client(build_app(config)), Callers(fake)
 
 
 async def tokens(client: TestClient[Any, Any]) -> dict[tuple[str, str, str | None], float]:

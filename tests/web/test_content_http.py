@@ -35,6 +35,8 @@ EVIL_DIGEST = digest_of(EVIL)
 GOOD512 = "sha512:" + hashlib.sha512(GOOD).hexdigest()
 BLOB = b"layer" * 1000
 BLOB_DIGEST = digest_of(BLOB)
+BIG = bytes(range(256)) * (12 * 1024)  # 3 MiB: hashed in batches off the loop
+BIG_DIGEST = digest_of(BIG)
 
 Client = TestClient[Any, Any]
 
@@ -124,6 +126,9 @@ CASES = [
     Case("manifest-by-sha512-honest", "GET", "manifests", GOOD512, Lie(GOOD, GOOD512), 200,
          GOOD512),
     Case("blob-honest", "GET", "blobs", BLOB_DIGEST, Lie(BLOB, BLOB_DIGEST), 200, BLOB_DIGEST),
+    Case("big-blob-other-content", "GET", "blobs", BIG_DIGEST,
+         Lie(BIG[:-1] + b"x", BIG_DIGEST), None),
+    Case("big-blob-honest", "GET", "blobs", BIG_DIGEST, Lie(BIG, BIG_DIGEST), 200, BIG_DIGEST),
 ]  # fmt: skip
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -12,19 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.config import parse_config
 from kuikproxy.web.app import build_app
-from tests.upstream_app import Registry, blob_digest
-
-
-class Seen:
-    """Who asked the registry (its ``Authorization``, or "anonymous") and when, as it comes."""
-
-    def __init__(self, fake: Registry) -> None:
-        self.fake = fake
-
-    def __iter__(self) -> Iterator[tuple[str, float]]:
-        for seen in self.fake.seen:
-            yield seen.headers.get("authorization", ["anonymous"])[0], seen.at
-
+from tests.upstream_app import Callers, Registry, blob_digest
 
 pytestmark = pytest.mark.looptime
 
@@ -40,8 +28,8 @@ def basic(user: str) -> str:
 def start(
     aiohttp_server: Callable[..., Awaitable[TestServer]],
     aiohttp_client: Callable[..., Awaitable[TestClient[Any, Any]]],
-) -> Callable[[str], Awaitable[tuple[TestClient[Any, Any], Seen]]]:
-    async def run(buckets: str) -> tuple[TestClient[Any, Any], Seen]:
+) -> Callable[[str], Awaitable[tuple[TestClient[Any, Any], Callers]]]:
+    async def run(buckets: str) -> tuple[TestClient[Any, Any], Callers]:
         fake = Registry()
         server = await aiohttp_server(fake.app())
         text = (
@@ -49,7 +37,7 @@ def start(
             f"    paced: false\n    quota:\n      buckets:\n{buckets}"
         )
         client = await aiohttp_client(build_app(parse_config(text)))
-        return client, Seen(fake)
+        return client, Callers(fake, "anonymous")
 
     return run
 
