@@ -43,9 +43,10 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
-from kuikproxy.core.scheduler import Operation, WindowResult
-from kuikproxy.web.app import PACER, build_app
+from kuikproxy.core.tickets import Operation, WindowResult
+from kuikproxy.web.keys import PACER
 
 LOOPBACK = "127.0.0.1"
 HOST = "registry.test"

@@ -45,8 +45,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kuikproxy.core.hoststate import HostPacing
 from kuikproxy.core.images import Image
-from kuikproxy.core.scheduler import HostPacing, HostScheduler, Operation, Read, Ticket
+from kuikproxy.core.scheduler import HostScheduler
+from kuikproxy.core.tickets import Operation, Read, Ticket
 
 HOST = "registry.bench"
 INTERVAL = 1.0  # window times are k × 1 s; the scheduler never reads a clock

@@ -40,12 +40,13 @@ if str(REPO_ROOT) not in sys.path:
 
 from aiohttp import web  # noqa: E402
 
+from kuikproxy.app import build_app  # noqa: E402
 from kuikproxy.config import parse_config  # noqa: E402
+from kuikproxy.core.hoststate import HostPacing  # noqa: E402
 from kuikproxy.core.images import Image  # noqa: E402
 from kuikproxy.core.limits import Census, Limits  # noqa: E402
-from kuikproxy.core.scheduler import HostPacing, HostScheduler  # noqa: E402
-from kuikproxy.runtime.pacer import _Host  # noqa: E402
-from kuikproxy.web.app import build_app  # noqa: E402
+from kuikproxy.core.scheduler import HostScheduler  # noqa: E402
+from kuikproxy.runtime.series import SeriesTimers  # noqa: E402
 from kuikproxy.web.keys import PACER  # noqa: E402
 from kuikproxy.web.server import tune_garbage_collection  # noqa: E402
 from tests.upstream_app import Registry  # noqa: E402
@@ -147,7 +148,8 @@ def window_timers(loop: asyncio.AbstractEventLoop) -> int:
     return sum(
         1
         for handle in scheduled
-        if not handle.cancelled() and getattr(handle._callback, "__func__", None) is _Host.window
+        if not handle.cancelled()
+        and getattr(handle._callback, "__func__", None) is SeriesTimers.window
     )
 
 

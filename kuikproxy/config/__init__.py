@@ -1,46 +1,23 @@
 """The kuikproxy configuration (SPEC §7): models, loading, and the ``check-config`` text."""
 
 from kuikproxy.config.describe import describe
-from kuikproxy.config.flow import (
-    BUILTIN_FLOW_SCHEMAS,
-    BUILTIN_PRIORITY_LEVELS,
-    ExemptPriorityLevelConfiguration,
-    FlowControl,
-    FlowDistinguisherMethod,
-    FlowRule,
-    FlowSchema,
-    HeaderMatch,
-    LimitedPriorityLevelConfiguration,
-    LimitResponse,
-    Operation,
-    PriorityLevel,
-    PriorityLevelReference,
-    QueuingConfiguration,
-)
+from kuikproxy.config.fields import validate_host
+from kuikproxy.config.flow import FlowControl
+from kuikproxy.config.flow import validated_level as PriorityLevel
 from kuikproxy.config.loading import (
     EMBEDDED_DEFAULT_SOURCE,
     build_config,
     load_config,
     parse_config,
 )
-from kuikproxy.config.models import (
-    DOCKER_HUB,
-    DOCKER_HUB_UPSTREAM,
-    PUBLIC_REGISTRIES,
+from kuikproxy.config.models import PUBLIC_REGISTRIES, Config
+from kuikproxy.config.process import (
     CacheSettings,
-    CheckSettings,
-    Config,
-    CopySettings,
-    Credentials,
     FleetSettings,
     ForwardProxyCA,
     ForwardProxySettings,
     LimitsSettings,
-    RegistrySettings,
     StateSettings,
-    TLSSettings,
-    normalize_host,
-    validate_host,
 )
 from kuikproxy.config.quotas import (
     QUOTA_PRESETS,
@@ -50,6 +27,28 @@ from kuikproxy.config.quotas import (
     QuotaScope,
     QuotaSettings,
 )
+from kuikproxy.config.registry import (
+    DOCKER_HUB_UPSTREAM,
+    CheckSettings,
+    CopySettings,
+    Credentials,
+    RegistrySettings,
+    TLSSettings,
+)
+from kuikproxy.core.flowcontrol import (
+    BUILTIN_FLOW_SCHEMAS,
+    BUILTIN_PRIORITY_LEVELS,
+    ExemptPriorityLevelConfiguration,
+    FlowDistinguisherMethod,
+    FlowRule,
+    FlowSchema,
+    HeaderMatch,
+    LimitedPriorityLevelConfiguration,
+    LimitResponse,
+    PriorityLevelReference,
+    QueuingConfiguration,
+)
+from kuikproxy.core.images import DOCKER_HUB, normalize_host
 
 __all__ = [
     "BUILTIN_FLOW_SCHEMAS",
@@ -76,7 +75,6 @@ __all__ = [
     "LimitResponse",
     "LimitedPriorityLevelConfiguration",
     "LimitsSettings",
-    "Operation",
     "PriorityLevel",
     "PriorityLevelReference",
     "QueuingConfiguration",

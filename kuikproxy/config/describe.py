@@ -10,16 +10,17 @@ running set of levels and are in ``/status``, not here.
 
 from __future__ import annotations
 
-from kuikproxy.config.flow import (
+from kuikproxy.config.flow import FlowControl
+from kuikproxy.config.models import DEFAULT_BLOCK, Config
+from kuikproxy.config.quotas import QuotaSettings
+from kuikproxy.config.registry import RegistrySettings
+from kuikproxy.core.flowcontrol import (
     BUILTIN_FLOW_SCHEMAS,
     BUILTIN_PRIORITY_LEVELS,
-    FlowControl,
     FlowRule,
     FlowSchema,
     PriorityLevel,
 )
-from kuikproxy.config.models import DEFAULT_BLOCK, Config, RegistrySettings
-from kuikproxy.config.quotas import QuotaSettings
 from kuikproxy.core.rates import exceeds, first_pull, pacing_rates, quota_rate
 from kuikproxy.durations import format_duration
 
@@ -169,7 +170,7 @@ def _rule(rule: FlowRule) -> str:
         parts.append("host " + " or ".join(rule.hosts))
     if rule.user_agents:
         parts.append("user agent " + " or ".join(rule.user_agents))
-    parts.extend(f"header {h.name}: {' or '.join(h.values)}" for h in rule.headers)
+    parts.extend(f"header {h.name}: {' or '.join(h.values)}" for h in rule.headers or ())
     return " and ".join(parts) or "every request"
 
 

@@ -25,14 +25,10 @@ from typing import Any
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from kuikproxy.config.base import NestedErrors, format_path
-from kuikproxy.config.models import (
-    DEFAULT_BLOCK,
-    Config,
-    RegistrySettings,
-    camel,
-    validate_host,
-)
+from kuikproxy.config.base import NestedErrors, camel, format_path
+from kuikproxy.config.fields import validate_host
+from kuikproxy.config.models import DEFAULT_BLOCK, Config
+from kuikproxy.config.registry import RegistrySettings
 from kuikproxy.errors import ConfigError
 
 __all__ = ["EMBEDDED_DEFAULT_SOURCE", "build_config", "load_config", "parse_config"]

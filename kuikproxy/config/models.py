@@ -7,6 +7,9 @@ Dataclasses keep the attribute names of the SPEC and are frozen and compared by 
 Every model refuses unknown keys and is written in YAML with the camelCase names of SPEC §7
 (``maxHold``); in Python the snake_case attribute names work as keyword arguments too. Durations
 are ``float`` seconds, accepted as Go-style strings or numbers (:mod:`kuikproxy.durations`).
+Here is the whole :class:`Config`; a registry host's settings live in
+:mod:`kuikproxy.config.registry`, the process-wide ones (cache, limits, state, forward proxy,
+fleet) in :mod:`kuikproxy.config.process`, the field types in :mod:`kuikproxy.config.fields`.
 Flow control (§10) lives in :mod:`kuikproxy.config.flow`, registry quotas (§11) in
 :mod:`kuikproxy.config.quotas`.
 
@@ -19,45 +22,26 @@ from __future__ import annotations
 
 import fnmatch
 import ipaddress
-import re
 from collections.abc import Mapping
-from functools import lru_cache
-from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BeforeValidator, Field, field_validator
-from pydantic import model_validator as _model_validator
+from pydantic import Field, field_validator
 from pydantic.dataclasses import dataclass
 
-from kuikproxy.config.base import MODEL_CONFIG, PositiveInt, camel, host_patterns
+from kuikproxy.config.base import MODEL_CONFIG, host_patterns
+from kuikproxy.config.fields import Duration, IdentitySource, validate_host
 from kuikproxy.config.flow import FlowControl
-from kuikproxy.config.quotas import QuotaSettings
+from kuikproxy.config.process import (
+    CacheSettings,
+    FleetSettings,
+    ForwardProxySettings,
+    LimitsSettings,
+    StateSettings,
+)
+from kuikproxy.config.registry import RegistrySettings
 from kuikproxy.core.images import DOCKER_HUB, normalize_host
-from kuikproxy.durations import parse_duration, parse_size
 
-__all__ = [
-    "DEFAULT_BLOCK",
-    "DOCKER_HUB",
-    "DOCKER_HUB_UPSTREAM",
-    "PUBLIC_REGISTRIES",
-    "CacheSettings",
-    "CheckSettings",
-    "Config",
-    "CopySettings",
-    "Credentials",
-    "FlowControl",
-    "LimitsSettings",
-    "QuotaSettings",
-    "RegistrySettings",
-    "StateSettings",
-    "TLSSettings",
-    "camel",
-    "normalize_host",
-    "validate_host",
-]
+__all__ = ["DEFAULT_BLOCK", "PUBLIC_REGISTRIES", "Config"]
 
-DOCKER_HUB_UPSTREAM = "https://registry-1.docker.io"
-"""Where Docker Hub's registry API is actually served."""
 DEFAULT_BLOCK = "default"
 """The ``registries`` key whose block is merged under every host's own block."""
 
@@ -74,69 +58,6 @@ PUBLIC_REGISTRIES: tuple[str, ...] = (
     "*.azurecr.io",
 )
 """``allowedHosts`` when the config does not set it (SPEC §3.1)."""
-
-
-_MODEL_CONFIG = MODEL_CONFIG
-
-
-_LABEL = r"[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?"
-_HOST = re.compile(rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9a-f:.]+\])(?::(\d{{1,5}}))?")
-
-
-@lru_cache(maxsize=4096)  # every request's host goes through it, from a handful of hosts
-def validate_host(host: str) -> str:
-    """A normalised ``host[:port]``, or ``ValueError`` if it is not one (no scheme, no path)."""
-    normal = normalize_host(host)
-    match = _HOST.fullmatch(normal)
-    if match is None or (match.group(1) is not None and int(match.group(1)) > 65535):
-        raise ValueError(f'invalid host "{host}" (expected host or host:port, no scheme or path)')
-    return normal
-
-
-# --- field types ---------------------------------------------------------------------------
-
-
-def _duration(value: Any) -> float:
-    if not isinstance(value, str | int | float):
-        raise ValueError(f'invalid duration "{value}"')
-    return parse_duration(value)
-
-
-def _positive(value: float) -> float:
-    # A zero interval would open windows back to back: no pacing at all, and a busy loop.
-    if value <= 0:
-        raise ValueError("must be greater than 0")
-    return value
-
-
-def _size(value: Any) -> int:
-    if not isinstance(value, str | int):
-        raise ValueError(f'invalid size "{value}"')
-    return parse_size(value)
-
-
-Duration = Annotated[float, BeforeValidator(_duration)]
-"""Non-negative seconds, written ``"1m30s"`` or ``90``."""
-PositiveDuration = Annotated[float, BeforeValidator(_duration), AfterValidator(_positive)]
-"""Seconds greater than zero."""
-Size = Annotated[int, BeforeValidator(_size)]
-"""Bytes, written ``"256Mi"`` or ``268435456``."""
-
-_HEADER_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-
-
-def _identity_source(value: str) -> str:
-    if value in ("proxyUser", "clientAddress"):
-        return value
-    if value.startswith("header:") and _HEADER_TOKEN.fullmatch(value.removeprefix("header:")):
-        return value
-    raise ValueError(
-        f'unknown resource identity "{value}" (expected header:<Name>, proxyUser or clientAddress)'
-    )
-
-
-IdentitySource = Annotated[str, AfterValidator(_identity_source)]
-"""One way to tell which resource a request belongs to (SPEC §4.2)."""
 
 
 def _split_listen(listen: str) -> tuple[str, int]:
@@ -156,230 +77,10 @@ def _split_listen(listen: str) -> tuple[str, int]:
     return host, int(port)
 
 
-# --- per-registry settings -----------------------------------------------------------------
+# --- the whole configuration ---------------------------------------------------------------
 
 
-@dataclass(frozen=True, config=_MODEL_CONFIG)
-class CheckSettings:
-    """The check series of a host: manifest reads, one image per window (SPEC P1-P7, P10)."""
-
-    interval: PositiveDuration = 60.0
-    """Seconds between two check windows (YAML ``interval``, default ``1m``)."""
-    timeout: Duration = 10.0
-    """Seconds one upstream check may take; ``0`` is no limit (default ``10s``)."""
-    mode: Literal["hold", "prefetch"] = "hold"
-    """``hold``: a request waits for its image's turn; ``prefetch``: every turn reads (P7)."""
-    max_hold: Duration = 0.0
-    """Seconds a request may wait before a 429 with ``Retry-After``; ``0`` is no limit."""
-    follow_up: Duration = 2.0
-    """Seconds after an answer during which follow-up checks of that image pass (P10)."""
-
-
-@dataclass(frozen=True, config=_MODEL_CONFIG)
-class CopySettings:
-    """The copy series of a host: blob and manifest downloads, one image per window (P9)."""
-
-    interval: PositiveDuration = 300.0
-    """Seconds between two copy windows (default ``5m``)."""
-    timeout: Duration = 0.0
-    """Seconds a copy may stay open in all; ``0`` (the default) is no limit."""
-    idle: Duration = 5.0
-    """Seconds a copy stays open after its last request ends (default ``5s``)."""
-    follow_up: Duration = 600.0
-    """Seconds after a copy's last request during which its resource's blob reads and
-    manifest reads by digest in that repository go without a window (P9, default ``10m``): a
-    pull resumed or retried after a pause is not sent to the back of the queue."""
-
-
-@dataclass(frozen=True, config=_MODEL_CONFIG)
-class Credentials:
-    """kuikproxy's own credentials for one host (R5): files only, never inline secrets."""
-
-    username: str | None = None
-    """The user name; goes with ``passwordFile``."""
-    password_file: str | None = None
-    """A file holding the password or token (read when used, so it can be rotated)."""
-    docker_config_file: str | None = None
-    """A Docker ``config.json`` whose ``auths`` entry for the host is used instead."""
-
-    @_model_validator(mode="after")
-    def _one_source(self) -> Credentials:
-        pair = self.username is not None or self.password_file is not None
-        if pair and self.docker_config_file is not None:
-            raise ValueError("set either username and passwordFile, or dockerConfigFile, not both")
-        if pair and (self.username is None or self.password_file is None):
-            raise ValueError("username and passwordFile go together")
-        if not pair and self.docker_config_file is None:
-            raise ValueError("set username and passwordFile, or dockerConfigFile")
-        return self
-
-
-@dataclass(frozen=True, config=_MODEL_CONFIG)
-class TLSSettings:
-    """How the upstream's TLS certificate is verified."""
-
-    ca_file: str | None = None
-    """A PEM bundle trusted for this host, on top of the system roots."""
-    insecure_skip_verify: bool = False
-    """Accept any certificate. For tests and labs only."""
-
-
-def _upstream(value: str | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        parts = urlsplit(value.strip())
-        port = parts.port  # raises ValueError on a bad port
-    except ValueError:
-        raise ValueError(f'invalid upstream "{value}"') from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f'invalid upstream "{value}" (expected http:// or https:// and a host)')
-    # The OCI API lives at /v2/ of the host; a path prefix, query or embedded credentials
-    # would be silently dropped or leaked, so they are refused rather than half-supported.
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ValueError(f'invalid upstream "{value}" (no path, query or fragment)')
-    if parts.username is not None or parts.password is not None:
-        raise ValueError(f'invalid upstream "{value}" (use credentials, not user:pass@ in the URL)')
-    host = parts.hostname
-    netloc = f"[{host}]" if ":" in host else host
-    if port is not None:
-        netloc += f":{port}"
-    return f"{parts.scheme}://{netloc}"
-
-
-@dataclass(frozen=True, config=_MODEL_CONFIG)
-class RegistrySettings:
-    """The effective settings of one registry host (its block with ``default`` merged under)."""
-
-    upstream: Annotated[str | None, AfterValidator(_upstream)] = None
-    """The registry's endpoint, ``http(s)://host[:port]``; unset means ``https://<host>``."""
-    paced: bool = True
-    """``false`` for a destination kuik owns: passed through, never paced (P14)."""
-    fleet: Literal["shared", "local"] = "shared"
-    """With a ``fleet``: ``shared`` paces this host for the whole fleet (one image per window
-    in total), ``local`` for this proxy alone."""
-    check: CheckSettings = Field(default_factory=CheckSettings)
-    """The check series (manifest reads)."""
-    copy: CopySettings = Field(default_factory=CopySettings)
-    """The copy series (image downloads)."""
-    credentials: Credentials | None = None
-    """kuikproxy's own credentials for this host; unset means anonymous or the client's own."""
-    tls: TLSSettings = Field(default_factory=TLSSettings)
-    """Verification of the upstream's certificate."""
-    quota: QuotaSettings = Field(default_factory=QuotaSettings)
-    """What the registry rations (SPEC §11); the empty default rations nothing."""
-
-    def upstream_url(self, host: str) -> str:
-        """The base URL of ``host``'s registry API, without a trailing slash."""
-        if self.upstream is not None:
-            return self.upstream
-        host = normalize_host(host)
-        return DOCKER_HUB_UPSTREAM if host == DOCKER_HUB else f"https://{host}"
-
-
-# --- process-wide settings -----------------------------------------------------------------
-
-
-@dataclass(frozen=True, config=_MODEL_CONFIG)
-class CacheSettings:
-    """The cache of kept answers (R1, R6)."""
-
-    max_age: Duration = 3600.0
-    """Seconds a kept answer may be reused (default ``1h``)."""
-    max_entries: Annotated[int, Field(ge=0)] = 100_000
-    """At most this many kept answers; least recently used are evicted."""
-    max_bytes: Size = 256 * 1024**2
-    """At most this many bytes of kept bodies (default ``256Mi``)."""
-
-
-@dataclass(frozen=True, config=_MODEL_CONFIG)
-class LimitsSettings:
-    """Bounds on what kuikproxy keeps in memory: a request that would pass one is
-    refused (503) and counted; what already has state keeps working. The defaults are far above
-    what a real deployment holds and keep the worst case to a few hundred MiB (decisions.md)."""
-
-    max_hosts: PositiveInt = 1_000
-    """Hosts not in ``registries`` (allowed by a wildcard of ``allowedHosts``) that may have
-    state at once; one is forgotten a retention after its last request."""
-    max_resources: PositiveInt = 10_000
-    """Resources that may have state (a ring or a copy queue) at once, over every host."""
-    max_images: PositiveInt = 1_000_000
-    """Images in every ring together."""
-    max_ring_images: PositiveInt = 100_000
-    """Images in one ring (one resource on one host)."""
-
-
-@dataclass(frozen=True, config=_MODEL_CONFIG)
-class StateSettings:
-    """Where pacing state survives restarts (SPEC §7.3, P13)."""
-
-    path: Annotated[str, Field(min_length=1)] | None = None
-    """A SQLite database file; unset keeps the state in memory only."""
-
-
-@dataclass(frozen=True, config=_MODEL_CONFIG)
-class ForwardProxyCA:
-    """The CA kuikproxy mints its interception certificates from (SPEC §13)."""
-
-    cert_file: Annotated[str, Field(min_length=1)] = "kuikproxy-ca.crt"
-    """The CA certificate (PEM); generated with ``keyFile`` on first start when both are
-    missing. Relative paths are relative to the working directory."""
-    key_file: Annotated[str, Field(min_length=1)] = "kuikproxy-ca.key"
-    """The CA's private key (PEM, unencrypted), written with mode 0600 when generated."""
-
-
-@dataclass(frozen=True, config=_MODEL_CONFIG)
-class ForwardProxySettings:
-    """Forward-proxy mode (SPEC §13): kuikproxy as the ``HTTPS_PROXY`` of clients that cannot
-    be given a mirror (kube-image-keeper's controllers)."""
-
-    enabled: bool = False
-    """Accept ``CONNECT host:port`` (intercepted with TLS) and absolute-URI requests."""
-    ca: ForwardProxyCA = Field(default_factory=ForwardProxyCA)
-    """Where the interception CA is."""
-    tunnel_hosts: tuple[str, ...] = ()
-    """Globs of ``CONNECT`` targets tunnelled blind, never intercepted (e.g. the Kubernetes
-    API if a client sends it to the proxy). Only these may be reached without being paced."""
-
-    @field_validator("tunnel_hosts")
-    @classmethod
-    def _check_tunnel_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return host_patterns(value)
-
-    def tunnels(self, authority: str) -> bool:
-        """Whether ``CONNECT authority`` (``host:port``) is tunnelled blind."""
-        host = authority.lower()
-        bare = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-        return any(
-            fnmatch.fnmatchcase(host, p) or fnmatch.fnmatchcase(bare, p) for p in self.tunnel_hosts
-        )
-
-
-@dataclass(frozen=True, config=_MODEL_CONFIG)
-class RedisSettings:
-    """Where the fleet meets."""
-
-    url: Annotated[str, Field(min_length=1)]
-    """``redis://host:port/db``, or ``rediss://`` for TLS; a password may be in it."""
-    password_file: Annotated[str, Field(min_length=1)] | None = None
-    """A file holding the password (a mounted Secret), instead of one in the URL."""
-    tls_ca_file: Annotated[str, Field(min_length=1)] | None = None
-    """The CA that signs the server's certificate (``rediss://``), besides the system's."""
-
-
-@dataclass(frozen=True, config=_MODEL_CONFIG)
-class FleetSettings:
-    """Several proxies sharing one registry budget: windows, blocks and their
-    origins are the fleet's, kept in Redis."""
-
-    redis: RedisSettings
-    """The Redis the fleet shares."""
-    name: Annotated[str, Field(min_length=1, max_length=253)] | None = None
-    """This proxy's name in the fleet, unique per proxy and stable across its restarts;
-    default the machine's host name (a pod's name)."""
-
-
-@dataclass(frozen=True, config=_MODEL_CONFIG)
+@dataclass(frozen=True, config=MODEL_CONFIG)
 class Config:
     """The whole validated configuration. Build it with :func:`kuikproxy.config.load_config`.
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
+
+from kuikproxy.core.images import BLOBS, MANIFESTS, Image
 
 DEFAULT_ALGORITHM = "sha256"
 
@@ -63,3 +66,24 @@ def with_digest(headers: tuple[tuple[str, str], ...], digest: str) -> tuple[tupl
     """``headers`` with ``Docker-Content-Digest`` set to ``digest`` (any other value dropped)."""
     kept = tuple((k, v) for k, v in headers if k.lower() != "docker-content-digest")
     return (*kept, ("Docker-Content-Digest", digest))
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """What a read by digest must be: ``digest``'s content. A manifest (``whole``) is checked
+    before it is served (``502`` otherwise); a blob is hashed on the way and, when it turns
+    out to be something else, the client's connection is broken off instead of ended."""
+
+    repository: str
+    digest: str
+    whole: bool
+
+    def hashes_to(self, hashing: Hasher) -> bool:
+        return f"{algorithm_of(self.digest)}:{hashing.hexdigest()}" == self.digest
+
+
+def content_of(image: Image) -> Content | None:
+    """What a streamed read of ``image`` must be, when it names its content by digest."""
+    if not image.by_digest or image.route not in (MANIFESTS, BLOBS):
+        return None
+    return Content(image.repository, image.reference, whole=image.route == MANIFESTS)

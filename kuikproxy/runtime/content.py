@@ -9,10 +9,10 @@ kept and answered under the digest of its body. Streamed answers are checked on 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from kuikproxy.core.digests import Hasher, algorithm_of, content_digest, matches, with_digest
-from kuikproxy.core.images import BLOBS, MANIFESTS, Image
+from kuikproxy.core.digests import content_digest, matches, with_digest
+from kuikproxy.core.images import MANIFESTS
 from kuikproxy.errors import ContentMismatch
 from kuikproxy.runtime.messages import Answer, RegistryRequest
 
@@ -71,24 +71,3 @@ def exact_length(answer: Answer) -> Answer:
         return answer
     headers = tuple((k, v) for k, v in answer.headers if k.lower() != "content-length")
     return replace(answer, headers=(*headers, ("Content-Length", length)))
-
-
-@dataclass(frozen=True, slots=True)
-class Content:
-    """What a read by digest must be: ``digest``'s content. A manifest (``whole``) is checked
-    before it is served (``502`` otherwise); a blob is hashed on the way and, when it turns
-    out to be something else, the client's connection is broken off instead of ended."""
-
-    repository: str
-    digest: str
-    whole: bool
-
-    def hashes_to(self, hashing: Hasher) -> bool:
-        return f"{algorithm_of(self.digest)}:{hashing.hexdigest()}" == self.digest
-
-
-def content_of(image: Image) -> Content | None:
-    """What a streamed read of ``image`` must be, when it names its content by digest."""
-    if not image.by_digest or image.route not in (MANIFESTS, BLOBS):
-        return None
-    return Content(image.repository, image.reference, whole=image.route == MANIFESTS)

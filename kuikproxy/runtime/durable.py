@@ -27,18 +27,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from kuikproxy.core.ringstate import RingChanges
+from kuikproxy.config import Config
+from kuikproxy.core.ringstate import RingChanges, RingState
 from kuikproxy.core.scheduler import HostScheduler
 from kuikproxy.state import Batch, ThreadedStore
-
-if TYPE_CHECKING:
-    from kuikproxy.runtime.pacer import Pacer
 
 log = logging.getLogger(__name__)
 
 FLUSH_EVERY = 1.0  # seconds between writes of what no read waits for
+
+
+class Restoring(Protocol):
+    """What the state is restored into (the pacer): its clock, config, and hosts."""
+
+    loop: asyncio.AbstractEventLoop
+    wall_offset: float
+
+    @property
+    def config(self) -> Config: ...
+
+    def restore(
+        self, host: str, rings: dict[str, RingState], blocked_until: float | None
+    ) -> None: ...
 
 
 class Durable:
@@ -73,7 +85,7 @@ class Durable:
         if scheduler is not None:
             self._detached.extend((host, resource, c) for resource, c in scheduler.changes())
 
-    async def restore(self, pacer: Pacer) -> None:
+    async def restore(self, pacer: Restoring) -> None:
         """Bring back what the file holds into ``pacer`` (before it serves anything), then keep
         the file up to date. Rings of hosts no longer paced or allowed, and blocks already
         over, stay out; the file keeps those rings for a later config that paces them again."""

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kuikproxy.core.quota import SharedBucket, take_shared
-from kuikproxy.core.scheduler import Operation
+from kuikproxy.core.tickets import Operation
 from kuikproxy.core.windows import Series
 from kuikproxy.fleet.backend import FleetBackend, FleetUnavailable
 from kuikproxy.runtime.kept import lookups

@@ -25,59 +25,22 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from kuikproxy.config import FlowControl as FlowSettings
-from kuikproxy.config import FlowSchema, PriorityLevel
-from kuikproxy.config import Operation as FlowOperation
 from kuikproxy.core.flowcontrol import (
-    Admitted,
-    ExemptPriorityLevelConfiguration,
-    FlowControl,
+    FlowMachine,
+    FlowOperation,
     LevelType,
     LevelView,
-    LimitedPriorityLevelConfiguration,
-    LimitResponse,
-    LimitResponseType,
     Place,
-    PriorityLevelConfiguration,
-    QueuingConfiguration,
     Rejected,
     RejectReason,
-    flow_id,
+    Seated,
+    first_match,
+    may_exempt_paced,
+    reads_headers,
 )
 from kuikproxy.errors import TooManyRequests
 
 CLASSIFIED = 16384  # (resource, host, operation, user agent) classifications kept
-
-
-def core_level(level: PriorityLevel) -> PriorityLevelConfiguration:
-    """A configured priority level as the pure core models it."""
-    if level.type == "Exempt":
-        spec = level.exempt or ExemptPriorityLevelConfiguration()
-        return PriorityLevelConfiguration(
-            level.name,
-            LevelType.EXEMPT,
-            exempt=ExemptPriorityLevelConfiguration(
-                spec.nominal_concurrency_shares, spec.lendable_percent
-            ),
-        )
-    limited = level.limited
-    assert limited is not None  # validated: a Limited level has its settings
-    queuing = limited.limit_response.queuing
-    response = LimitResponse(
-        LimitResponseType(limited.limit_response.type),
-        None
-        if queuing is None
-        else QueuingConfiguration(queuing.queues, queuing.hand_size, queuing.queue_length_limit),
-    )
-    return PriorityLevelConfiguration(
-        level.name,
-        LevelType.LIMITED,
-        limited=LimitedPriorityLevelConfiguration(
-            limited.nominal_concurrency_shares,
-            limited.lendable_percent,
-            limited.borrowing_limit_percent,
-            response,
-        ),
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,22 +84,17 @@ class FlowGate:
     def __init__(self, settings: FlowSettings, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.settings = settings
-        levels = [core_level(level) for level in settings.priority_levels]
-        self.machine: FlowControl[_Seat] = FlowControl(
+        levels = settings.priority_levels
+        self.machine: FlowMachine[_Seat] = FlowMachine(
             levels, settings.server_concurrency_limit, loop.time()
         )
-        self._exempt = {level.name for level in levels if level.type is LevelType.EXEMPT}
-        # Whether a check or a copy can be Exempt at all (a schema on an Exempt level whose
-        # rules are not only for unpaced requests): when not, paced reads are classified only
-        # when they wait or go upstream, and kept answers never pay for flow schemas
-        self.paced_exempt = any(
-            schema.priority_level in self._exempt
-            and any(not r.operations or set(r.operations) - {"unpaced"} for r in schema.rules)
-            for schema in settings.flow_schemas
-        )
+        self._exempt = frozenset(level.name for level in levels if level.type == LevelType.EXEMPT)
+        # When no check or copy can be Exempt, paced reads are classified only when they wait
+        # or go upstream, and kept answers never pay for flow schemas
+        self.paced_exempt = may_exempt_paced(settings.flow_schemas, self._exempt)
         # Schemas that read headers other than User-Agent make every request its own case;
         # otherwise a request's traits repeat and their classification is kept.
-        by_headers = any(rule.headers for schema in settings.flow_schemas for rule in schema.rules)
+        by_headers = reads_headers(settings.flow_schemas)
         self._classified = None if by_headers else lru_cache(maxsize=CLASSIFIED)(self._flow)
 
     # -- classification ------------------------------------------------------------------------
@@ -158,7 +116,8 @@ class FlowGate:
         user_agent: str,
         headers: Mapping[str, str] | None = None,
     ) -> Flow:
-        schema = self.settings.match(
+        schema = first_match(
+            self.settings.flow_schemas,
             resource=resource,
             host=host,
             operation=operation,
@@ -169,8 +128,7 @@ class FlowGate:
         # replaces the built-in one by name), so a schema is always found
         assert schema is not None
         level = schema.priority_level
-        distinguisher = _distinguisher(schema, resource, host)
-        return Flow(level, flow_id(schema.name, distinguisher), level in self._exempt, self)
+        return Flow(level, schema.flow(resource, host), level in self._exempt, self)
 
     # -- places ----------------------------------------------------------------------------------
 
@@ -204,7 +162,7 @@ class FlowGate:
         """Wait for a seat of the flow's level (429 when refused); give it back after."""
         ticket = _Seat(self.loop.create_future(), flow.level)
         decision = self.machine.arrive(flow.level, flow.id, ticket, self.loop.time())
-        if isinstance(decision, Admitted):
+        if isinstance(decision, Seated):
             return
         if isinstance(decision, Rejected):
             raise _refusal(flow, decision, 0.0)
@@ -230,13 +188,6 @@ class FlowGate:
 
     def snapshot(self) -> tuple[LevelView, ...]:
         return self.machine.snapshot()
-
-
-def _distinguisher(schema: FlowSchema, resource: str, host: str) -> str:
-    method = schema.distinguisher_method
-    if method is None:
-        return ""
-    return resource if method.type == "ByResource" else host
 
 
 def _refusal(flow: Flow, rejected: Rejected, at_least: float) -> TooManyRequests:

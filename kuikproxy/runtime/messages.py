@@ -3,17 +3,20 @@
 A :class:`RegistryRequest` is a classified read (host, image, resource, operation, flow); the
 runtime answers it with an :class:`Answer` (a whole upstream answer, read once for every waiter,
 R2, or kept, R1) or a :class:`Go` (no window needed or the window came: go upstream and stream).
+The edge gets a :class:`Reply` from :meth:`Pacer.read`: a whole answer, or the registry's answer
+:class:`Opened` to relay as it arrives (it never sees the upstream client).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from multidict import CIMultiDict
 from yarl import URL
 
-from kuikproxy.config import Operation as FlowOperation
+from kuikproxy.core.digests import Content
+from kuikproxy.core.flowcontrol import FlowOperation
 from kuikproxy.core.images import MANIFESTS, Image
 from kuikproxy.core.reuse import (
     accept_admits,
@@ -22,9 +25,9 @@ from kuikproxy.core.reuse import (
     owner_key,
     shared_with,
 )
-from kuikproxy.core.scheduler import Operation
+from kuikproxy.core.tickets import Operation
 from kuikproxy.runtime.flow import Flow, FlowGate
-from kuikproxy.upstream.client import end_to_end
+from kuikproxy.upstream.client import UpstreamRequest, UpstreamResponse, end_to_end
 
 # R1: what a kept answer remembers of the headers, besides its status and body.
 KEPT_HEADERS = frozenset(
@@ -108,6 +111,11 @@ class RegistryRequest:
         path = f"/v2/{self.image.repository}/{self.image.route}/{self.image.reference}"
         return base.with_path(path, encoded=False).with_query(self.query)
 
+    def upstream(self, base: URL, timeout: float | None) -> UpstreamRequest:
+        """The registry request for this read, built once it may go (never while it waits):
+        the one way a read becomes a request, whether a window's or a client's own."""
+        return UpstreamRequest(self.method, self.url(base), self.headers, timeout)
+
 
 @dataclass(frozen=True, slots=True)
 class Answer:
@@ -170,3 +178,31 @@ class Go:
 
     done: Callable[[], None] = field(default=lambda: None)
     deadline: float | None = None
+
+
+@dataclass(slots=True)
+class Opened:
+    host: str
+    status: int
+    headers: CIMultiDict[str]  # end-to-end only: hop-by-hop headers are the proxy's own
+    content: Content | None  # what a 200 to a read by digest must hash to
+    response: UpstreamResponse
+    # how a ``Location`` the client must come back to kuikproxy with reads for it (writes)
+    relocated: Callable[[str], str] | None = None
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self.response.chunks()
+
+    async def read(self, limit: int) -> bytes:
+        return await self.response.read(limit)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What a read gets from the runtime: a whole ``answer`` (kept, R1, or read once for every
+    waiter, R2), or the registry's answer ``opened`` to stream."""
+
+    answer: Answer | None = None
+    opened: Opened | None = None
+    hit: bool = False  # a kept answer served it at once (R1)
+    stale: bool = False  # kept, given while its host is blocked, however old (§11, P14)

@@ -11,13 +11,19 @@ made by clients (every new ``Authorization`` is one), so the store is bounded, o
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from kuikproxy.core.reuse import owners_serving, shared_with
-from kuikproxy.runtime.messages import Answer
+from kuikproxy.errors import UpstreamUnreachable
+from kuikproxy.runtime.messages import Answer, Headers
+from kuikproxy.runtime.reads import send
+from kuikproxy.upstream.client import UpstreamRequest
+from kuikproxy.upstream.registries import Registries
 
 PING_TTL = 60.0  # §4.1
 MAX_PINGS = 4096
 KEPT_PING_STATUSES = frozenset({200, 401})
+MAX_PING_BODY = 64 * 1024
 
 
 class KeptPings:
@@ -53,3 +59,36 @@ class KeptPings:
         self._entries[key] = answer.kept()
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
+
+
+class Pings:
+    """``/v2/``: unpaced, the registry's answer (200, or 401 and its challenge) kept a minute."""
+
+    def __init__(self, registries: Registries, clock: Callable[[], float]) -> None:
+        self.registries = registries
+        self.clock = clock
+        self.kept = KeptPings()
+
+    async def ping(
+        self, host: str, auth: str | None, sent: Headers, timeout: float | None
+    ) -> Answer:
+        """``host``'s answer to a client's ping (``auth``: the key of its ``Authorization``),
+        kept or read now. kuikproxy signs in for clients only where it holds credentials;
+        elsewhere clients must see the registry's challenge to sign in themselves
+        (docs/decisions.md). A registry that fails (5xx) is unreachable, not an answer."""
+        registries, now = self.registries, self.clock()
+        signed = registries.has_credentials(host)
+        signer = registries.signer(host) if signed else None
+        kept = self.kept.find(host, auth, signer, now)
+        if kept is not None:
+            return kept
+        url = registries.base(host).with_path("/v2/")
+        upstream = UpstreamRequest("GET", url, sent, timeout)
+        async with send(registries, host, upstream, authenticate=signed) as answered:
+            headers = tuple(answered.headers.items())
+            body = await answered.read(MAX_PING_BODY)
+        if answered.status >= 500:
+            raise UpstreamUnreachable(f"{host} answered /v2/ with {answered.status}")
+        answer = Answer(answered.status, headers, body, "GET", now, auth, None if auth else signer)
+        self.kept.keep(host, answer)
+        return answer  # whole to this client: its own cookies

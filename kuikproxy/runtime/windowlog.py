@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from kuikproxy.core.scheduler import Operation, WindowResult
+from kuikproxy.core.tickets import Operation, WindowResult
 
 KEPT = 60
 

@@ -25,7 +25,7 @@ from kuikproxy.core.images import (
     check_reference,
     parse_repository,
 )
-from kuikproxy.core.scheduler import Operation
+from kuikproxy.core.tickets import Operation
 from kuikproxy.errors import Ambiguous, Denied, NameInvalid, NameUnknown, NotFound
 from kuikproxy.runtime.flow import FlowGate
 from kuikproxy.runtime.messages import KUIK_OPERATION, RegistryRequest

@@ -7,16 +7,12 @@ from aiohttp import web
 from kuikproxy.forward.front import Forwarding
 from kuikproxy.runtime.metrics import Metrics
 from kuikproxy.runtime.pacer import Pacer
-from kuikproxy.runtime.pings import KeptPings
 from kuikproxy.runtime.windowlog import WindowLog
-from kuikproxy.upstream.registries import Registries
 from kuikproxy.web.reload import Current, Reloader
 
 CURRENT = web.AppKey("current", Current)
 RELOADER = web.AppKey("reloader", Reloader)
 FORWARDING: web.AppKey[Forwarding | None] = web.AppKey("forwarding")  # None: not a proxy
 PACER = web.AppKey("pacer", Pacer)
-REGISTRIES = web.AppKey("registries", Registries)
 METRICS = web.AppKey("metrics", Metrics)
 WINDOW_LOG = web.AppKey("window_log", WindowLog)
-PINGS = web.AppKey("pings", KeptPings)

@@ -15,12 +15,10 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from kuikproxy.core.digests import Hasher, algorithm_of, hasher, matches
+from kuikproxy.core.digests import Content, Hasher, algorithm_of, hasher, matches
 from kuikproxy.errors import UpstreamError
-from kuikproxy.runtime.content import MAX_MANIFEST, Content, mismatch
-from kuikproxy.runtime.messages import Answer
-from kuikproxy.upstream.client import UpstreamRequest, UpstreamResponse, end_to_end
-from kuikproxy.upstream.registries import Registries
+from kuikproxy.runtime.content import MAX_MANIFEST, mismatch
+from kuikproxy.runtime.messages import Answer, Opened
 from kuikproxy.web.classify import Target
 
 
@@ -64,62 +62,51 @@ def answer_response(request: web.Request, answer: Answer, ns: str | None) -> web
     return web.Response(status=answer.status, headers=headers, body=answer.body)
 
 
-async def stream(
-    request: web.Request,
-    registries: Registries,
-    host: str,
-    upstream: UpstreamRequest,
-    ns: str | None,
-    *,
-    relocated: Callable[[str], str] | None = None,
-    content: Content | None = None,
-) -> web.StreamResponse:
-    """Send ``upstream`` to ``host`` and relay its answer to the client as it arrives;
-    ``relocated`` rewrites a ``Location`` the client must come back to kuikproxy with;
-    ``content`` is what a read by digest must hash to (:class:`Content`)."""
-    async with await registries.send(host, upstream) as answer:
-        out = _client_headers(end_to_end(answer.headers), ns)
-        if relocated is not None and "Location" in out:
-            out["Location"] = relocated(out["Location"])
-        check = content if content is not None and answer.status == 200 else None
-        if check is not None and out.get("Docker-Content-Digest", check.digest) != check.digest:
+async def stream(request: web.Request, answer: Opened, ns: str | None) -> web.StreamResponse:
+    """Relay a registry's answer to the client as it arrives; a ``Location`` the client must
+    come back to kuikproxy with is rewritten (``answer.relocated``), and a read by digest is
+    checked against its content on the way (``answer.content``)."""
+    host, content, relocated = answer.host, answer.content, answer.relocated
+    out = _client_headers(answer.headers, ns)
+    if relocated is not None and "Location" in out:
+        out["Location"] = relocated(out["Location"])
+    check = content if content is not None and answer.status == 200 else None
+    if check is not None and out.get("Docker-Content-Digest", check.digest) != check.digest:
+        raise mismatch(host, check.repository, check.digest)
+    if check is not None and check.whole and request.method != "HEAD":
+        # a manifest is small: read whole and checked before a byte of it is served
+        body = await answer.read(MAX_MANIFEST)
+        if not matches(check.digest, body):
             raise mismatch(host, check.repository, check.digest)
-        if check is not None and check.whole and request.method != "HEAD":
-            # a manifest is small: read whole and checked before a byte of it is served
-            body = await answer.read(MAX_MANIFEST)
-            if not matches(check.digest, body):
-                raise mismatch(host, check.repository, check.digest)
-            out.popall("Content-Length", None)
-            return web.Response(status=answer.status, headers=out, body=body)
-        response = web.StreamResponse(status=answer.status, headers=out)
-        length = out.get("Content-Length")
-        if length is not None and length.isdigit():
-            response.content_length = int(length)
-        await response.prepare(request)
-        if request.method != "HEAD":
-            try:
-                if check is None:
-                    async for chunk in answer.chunks():
-                        await response.write(chunk)
-                elif not await _relay_checked(answer, response, check):
-                    # the last chunk was held back: the client sees a body cut short, never a
-                    # clean end of content that is not what it asked for
-                    log.warning("%s", mismatch(host, check.repository, check.digest).message)
-                    return _break_off(request, response)
-            except UpstreamError as error:
-                # the status line has gone out: a broken connection is the only honest signal
-                # left, never an error answer spliced into the body
-                log.warning("%s: %s; breaking off the client's answer", host, error.message)
+        out.popall("Content-Length", None)
+        return web.Response(status=answer.status, headers=out, body=body)
+    response = web.StreamResponse(status=answer.status, headers=out)
+    length = out.get("Content-Length")
+    if length is not None and length.isdigit():
+        response.content_length = int(length)
+    await response.prepare(request)
+    if request.method != "HEAD":
+        try:
+            if check is None:
+                async for chunk in answer.chunks():
+                    await response.write(chunk)
+            elif not await _relay_checked(answer, response, check):
+                # the last chunk was held back: the client sees a body cut short, never a
+                # clean end of content that is not what it asked for
+                log.warning("%s", mismatch(host, check.repository, check.digest).message)
                 return _break_off(request, response)
-            except ConnectionResetError:  # the client went away mid-answer: nothing to tell it
-                return response
-        await response.write_eof()
-        return response
+        except UpstreamError as error:
+            # the status line has gone out: a broken connection is the only honest signal
+            # left, never an error answer spliced into the body
+            log.warning("%s: %s; breaking off the client's answer", host, error.message)
+            return _break_off(request, response)
+        except ConnectionResetError:  # the client went away mid-answer: nothing to tell it
+            return response
+    await response.write_eof()
+    return response
 
 
-async def _relay_checked(
-    answer: UpstreamResponse, response: web.StreamResponse, check: Content
-) -> bool:
+async def _relay_checked(answer: Opened, response: web.StreamResponse, check: Content) -> bool:
     """Relay a blob hashing it on the way, one chunk behind: the last one is written only once
     the whole is known to be ``check``'s content. Whether it was.
 

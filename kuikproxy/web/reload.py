@@ -15,7 +15,6 @@ when they change, and the rest of the file is applied.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from kuikproxy.config import Config, load_config
@@ -23,7 +22,6 @@ from kuikproxy.errors import ConfigError
 from kuikproxy.runtime.metrics import Metrics
 from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.runtime.watch import Identity, identity
-from kuikproxy.upstream.registries import Registries
 from kuikproxy.web.classify import Locator
 
 log = logging.getLogger(__name__)
@@ -55,14 +53,12 @@ class Reloader:
         path: str | None,
         current: Current,
         pacer: Pacer,
-        registries: Registries,
-        metrics: Callable[[], Metrics],
+        metrics: Metrics,
     ) -> None:
         self.path = path
         self.current = current
         self.pacer = pacer
-        self.registries = registries
-        self._metrics = metrics
+        self.metrics = metrics
         self.loaded = Loaded(1, pacer.started)
         self._read: Identity = None if path is None else identity(path)
 
@@ -86,7 +82,7 @@ class Reloader:
             for line in error.errors:
                 log.error("config reload refused, the running config stays: %s", line)
             self.loaded.error = "\n".join(error.errors)
-            self._metrics().reloads.labels("error").inc()
+            self.metrics.reloads.labels("error").inc()
             return False
         self.loaded.error = None
         old = self.current.config
@@ -102,7 +98,7 @@ class Reloader:
                 )
         self.apply(config)
         self.loaded = Loaded(self.loaded.generation + 1, self.pacer.loop.time())
-        self._metrics().reloads.labels("success").inc()
+        self.metrics.reloads.labels("success").inc()
         log.info("config reloaded from %s (generation %d)", self.path, self.loaded.generation)
         return True
 
@@ -110,5 +106,4 @@ class Reloader:
         """Every part of the process on ``config``, in one step of the loop."""
         self.current.config = config
         self.current.locator = Locator(config)
-        self.registries.configure(config)
         self.pacer.reconfigure(config)

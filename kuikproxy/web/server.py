@@ -10,9 +10,9 @@ import signal
 
 from aiohttp import web
 
+from kuikproxy.app import build_app
 from kuikproxy.config import Config
 from kuikproxy.forward.front import FrontSite
-from kuikproxy.web.app import build_app
 from kuikproxy.web.keys import FORWARDING
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,9 @@
-"""``/status`` (SPEC §8): the scheduler's snapshots rendered as one JSON document.
+"""``/status`` (SPEC §8): a :class:`~kuikproxy.runtime.snapshot.Snapshot` rendered as one
+JSON document.
 
 The models are pydantic, so the document and its JSON Schema come from one definition. Times
 are RFC 3339 UTC, durations Go-style strings, as kuik's own status writes them. Nothing here
-computes pacing state: it renders :class:`~kuikproxy.core.scheduler.HostView` snapshots.
+computes pacing state: it renders the snapshot.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.limits import Census
 from kuikproxy.core.quota import QuotaSnapshot
-from kuikproxy.core.scheduler import HostView, SeriesView
+from kuikproxy.core.views import HostView, SeriesView
 from kuikproxy.durations import format_duration
-from kuikproxy.runtime.kept import KeptAnswers
+from kuikproxy.runtime.fleet import FleetView
+from kuikproxy.runtime.snapshot import Snapshot
 
 
 class _Model(BaseModel):
@@ -254,8 +256,8 @@ def resource_page(
 def registry_status(
     view: HostView,
     clock: Clock,
-    quota: QuotaSnapshot | None = None,
-    refused: dict[str, int] | None = None,
+    quota: QuotaSnapshot | None,
+    refused: dict[str, int] | None,
 ) -> RegistryStatus:
     return RegistryStatus(
         check=CheckSeries(
@@ -282,30 +284,19 @@ def registry_status(
 
 
 def build_status(
-    views: dict[str, HostView],
-    clock: Clock,
-    *,
-    started: float,
-    config: ConfigStatus,
-    kept: KeptAnswers,
-    page: ResourcePage,
-    quotas: dict[str, QuotaSnapshot] | None = None,
-    flow: FlowControlStatus | None = None,
-    fleet: FleetStatus | None = None,
-    refused: dict[str, dict[str, int]] | None = None,
-    refused_elsewhere: dict[str, int] | None = None,
-    registry: str | None = None,
+    snap: Snapshot, *, config: ConfigStatus, page: ResourcePage, registry: str | None = None
 ) -> Status:
-    """The document from every host's view, each narrowed to the resources of ``page``;
-    ``refused`` by host, ``refused_elsewhere`` for refusals no host's state answers for."""
+    """The document from a snapshot taken with the rings of ``page``'s resources: every host
+    viewed (only ``registry``, if given), and each resource of ``page`` with state there."""
+    clock = Clock(snap.wall_offset)
     rings: dict[str, list[RingStatus]] = {}
     queues: dict[str, list[QueueStatus]] = {}
     registries = {}
-    for host, view in views.items():
+    for host, view in snap.views.items():
         if registry is not None and host != registry:
             continue
         registries[host] = registry_status(
-            view, clock, (quotas or {}).get(host), (refused or {}).get(host)
+            view, clock, snap.quotas.get(host), snap.refused.get(host)
         )
         for ring in view.rings:
             rings.setdefault(ring.resource, []).append(
@@ -323,8 +314,9 @@ def build_status(
             )
         for name, queued in view.copy_queues.items():
             queues.setdefault(name, []).append(QueueStatus(registry=host, queued=queued))
+    kept = snap.kept
     return Status(
-        startedAt=clock.rfc3339(started),
+        startedAt=clock.rfc3339(snap.started),
         config=config,
         registries=registries,
         resources={
@@ -337,10 +329,22 @@ def build_status(
         },
         resourcesTotal=page.total,
         resourcesNext=page.next,
-        refused=refused_elsewhere or {},
-        cache=CacheStatus(entries=len(kept), bytes=kept.bytes, hits=kept.hits, misses=kept.misses),
-        flowControl=flow or FlowControlStatus(serverConcurrencyLimit=0, priorityLevels=[]),
-        fleet=fleet,
+        refused=snap.refused_elsewhere,
+        cache=CacheStatus(
+            entries=kept.entries, bytes=kept.bytes, hits=kept.hits, misses=kept.misses
+        ),
+        flowControl=flow_control_status(snap.server_concurrency_limit, snap.levels, clock),
+        fleet=None if snap.fleet is None else fleet_status(snap.fleet, clock),
+    )
+
+
+def fleet_status(view: FleetView, clock: Clock) -> FleetStatus:
+    return FleetStatus(
+        name=view.name,
+        connected=view.connected,
+        size=view.size,
+        since=clock.rfc3339(view.since),
+        lastError=view.error,
     )
 
 

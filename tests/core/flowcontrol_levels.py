@@ -8,7 +8,7 @@ from kuikproxy.core.flowcontrol import (
     LimitedPriorityLevelConfiguration,
     LimitResponse,
     LimitResponseType,
-    PriorityLevelConfiguration,
+    PriorityLevel,
     QueuingConfiguration,
 )
 
@@ -23,7 +23,7 @@ def limited(
     hand_size: int = 8,
     queue_length_limit: int = 50,
     reject: bool = False,
-) -> PriorityLevelConfiguration:
+) -> PriorityLevel:
     response = (
         LimitResponse(LimitResponseType.REJECT, None)
         if reject
@@ -32,20 +32,20 @@ def limited(
             QueuingConfiguration(queues, hand_size, queue_length_limit),
         )
     )
-    return PriorityLevelConfiguration(
+    return PriorityLevel(
         name,
         LevelType.LIMITED,
-        limited=LimitedPriorityLevelConfiguration(shares, lendable, borrowing, response),
+        limited=LimitedPriorityLevelConfiguration(response, shares, lendable, borrowing),
     )
 
 
-def exempt(name: str = "exempt", shares: int = 0, lendable: int = 0) -> PriorityLevelConfiguration:
-    return PriorityLevelConfiguration(
+def exempt(name: str = "exempt", shares: int = 0, lendable: int = 0) -> PriorityLevel:
+    return PriorityLevel(
         name, LevelType.EXEMPT, exempt=ExemptPriorityLevelConfiguration(shares, lendable)
     )
 
 
-def worked_example() -> list[PriorityLevelConfiguration]:
+def worked_example() -> list[PriorityLevel]:
     """The issue's example for ServerCL 100: NCS 30 / 10 / 0, lendablePercent 50 %,
     borrowingLimitPercent nil and 200 %, a jail, and the default Exempt level."""
     return [

@@ -6,7 +6,9 @@ from typing import Any
 
 from timeline import HOST, img
 
-from kuikproxy.core.scheduler import Hold, HostPacing, HostScheduler, Pass, Read, WindowResult
+from kuikproxy.core.hoststate import HostPacing
+from kuikproxy.core.scheduler import HostScheduler
+from kuikproxy.core.tickets import Hold, Pass, Read, WindowResult
 from kuikproxy.core.windows import Outcome
 
 MIN = 60.0

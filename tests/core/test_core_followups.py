@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from timeline import Timeline, digest_of
 
-from kuikproxy.core.scheduler import Hold, Pass, Read
+from kuikproxy.core.tickets import Hold, Pass, Read
 from kuikproxy.core.windows import Outcome
 
 MIN = 60.0

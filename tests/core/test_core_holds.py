@@ -6,7 +6,9 @@ import dataclasses
 
 from timeline import Timeline, images
 
-from kuikproxy.core.scheduler import RETRY_MARGIN, Hold, HostPacing, Reuse, Ticket
+from kuikproxy.core.hoststate import HostPacing
+from kuikproxy.core.standing import RETRY_MARGIN
+from kuikproxy.core.tickets import Hold, Reuse, Ticket
 from kuikproxy.core.windows import Outcome
 
 MIN = 60.0

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from timeline import img
 
+from kuikproxy.core.hoststate import HostPacing
+from kuikproxy.core.housekeeping import SWEEP_GRACE
 from kuikproxy.core.limits import Census, Limit, Limits, Refuse, admits_host
-from kuikproxy.core.scheduler import SWEEP_GRACE, Hold, HostPacing, HostScheduler, Operation, Reuse
+from kuikproxy.core.scheduler import HostScheduler
+from kuikproxy.core.tickets import Hold, Operation, Reuse
 from kuikproxy.core.windows import Outcome
 
 MIN = 60.0

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from timeline import Timeline
 
-from kuikproxy.core.scheduler import Operation, Read
+from kuikproxy.core.tickets import Operation, Read
 from kuikproxy.core.windows import Outcome
 
 INTERVAL = 60.0

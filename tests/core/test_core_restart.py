@@ -13,7 +13,8 @@ from timeline import HOST, Timeline, images
 
 from kuikproxy.core.rings import Ring
 from kuikproxy.core.ringstate import EntryState, RingChanges, RingHeader, RingState
-from kuikproxy.core.scheduler import Hold, HostScheduler
+from kuikproxy.core.scheduler import HostScheduler
+from kuikproxy.core.tickets import Hold
 from kuikproxy.core.tracked import TrackedRing
 
 MIN = 60.0

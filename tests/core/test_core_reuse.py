@@ -14,7 +14,7 @@ from kuikproxy.core.reuse import (
     owners_serving,
     shared_with,
 )
-from kuikproxy.core.scheduler import Hold, Reuse
+from kuikproxy.core.tickets import Hold, Reuse
 from kuikproxy.core.windows import Outcome
 
 MIN = 60.0

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from timeline import Timeline, images, img
 
-from kuikproxy.core.scheduler import RETRY_MARGIN, Hold, Pass, Reuse, Ticket
+from kuikproxy.core.standing import RETRY_MARGIN
+from kuikproxy.core.tickets import Hold, Pass, Reuse, Ticket
 from kuikproxy.core.windows import Outcome
 
 MIN = 60.0

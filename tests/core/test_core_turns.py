@@ -7,7 +7,7 @@ import random
 from timeline import Timeline, images
 
 from kuikproxy.core.rings import lap_ratio
-from kuikproxy.core.scheduler import Hold
+from kuikproxy.core.tickets import Hold
 from kuikproxy.core.windows import Outcome
 
 MIN = 60.0

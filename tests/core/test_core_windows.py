@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from timeline import HOST, Timeline, img
 
-from kuikproxy.core.scheduler import HostPacing, HostScheduler
+from kuikproxy.core.hoststate import HostPacing
+from kuikproxy.core.scheduler import HostScheduler
 from kuikproxy.core.windows import Outcome, Series
 
 H1332 = 13 * 3600 + 32 * 60  # 13:32, the document's example

@@ -9,11 +9,11 @@ from collections import Counter, deque
 from flowcontrol_levels import limited
 
 from kuikproxy.core.flowcontrol import (
-    Admitted,
-    FlowControl,
+    FlowMachine,
     Queued,
     Rejected,
     RejectReason,
+    Seated,
     flow_id,
     hand_for,
 )
@@ -44,7 +44,7 @@ class Run:
     """One level of ``concurrency`` seats; each step one running request (the oldest) ends."""
 
     def __init__(self, concurrency: int) -> None:
-        self.control: FlowControl[Ticket] = FlowControl(
+        self.control: FlowMachine[Ticket] = FlowMachine(
             [limited("checks", queues=QUEUES, hand_size=HAND, queue_length_limit=QLL)],
             concurrency,
             0.0,
@@ -59,7 +59,7 @@ class Run:
     def arrive(self, ticket: Ticket, now: float) -> None:
         ticket.mark = len(self.dispatched)
         decision = self.control.arrive("checks", ticket.flow, ticket, now)
-        if isinstance(decision, Admitted):
+        if isinstance(decision, Seated):
             ticket.ran = now
             self.running.append(ticket)
             self.dispatched.append(ticket)
@@ -159,7 +159,7 @@ def test_idle_queues_accumulate_no_credit() -> None:
         for n in range(100)
         if hand_for(f := flow_id("s", f"b{n}"), queues, hand) != hand_for(a, queues, hand)
     )
-    control: FlowControl[Ticket] = FlowControl(
+    control: FlowMachine[Ticket] = FlowMachine(
         [limited("l", queues=queues, hand_size=hand, queue_length_limit=200)], 1, 0.0
     )
     for i in range(100):

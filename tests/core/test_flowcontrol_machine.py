@@ -1,4 +1,4 @@
-"""FlowControl as a state machine: admission, queues, rejection, Exempt and Reject levels,
+"""FlowMachine as a state machine: admission, queues, rejection, Exempt and Reject levels,
 cancellation, limits that follow demand, and the conditions /status shows."""
 
 from __future__ import annotations
@@ -6,17 +6,17 @@ from __future__ import annotations
 from flowcontrol_levels import exempt, limited, worked_example
 
 from kuikproxy.core.flowcontrol import (
-    Admitted,
-    FlowControl,
+    FlowMachine,
     LevelView,
     Place,
+    PriorityLevel,
     Queued,
     Rejected,
     RejectReason,
+    Seated,
     flow_id,
     hand_for,
 )
-from kuikproxy.core.flowcontrol.levels import PriorityLevelConfiguration
 
 
 class T:
@@ -29,11 +29,11 @@ class T:
         return self.name
 
 
-def fc(levels: list[PriorityLevelConfiguration], server_cl: int) -> FlowControl[T]:
-    return FlowControl(levels, server_cl, 0.0)
+def fc(levels: list[PriorityLevel], server_cl: int) -> FlowMachine[T]:
+    return FlowMachine(levels, server_cl, 0.0)
 
 
-def view(control: FlowControl[T], name: str) -> LevelView:
+def view(control: FlowMachine[T], name: str) -> LevelView:
     return next(v for v in control.snapshot() if v.name == name)
 
 
@@ -43,7 +43,7 @@ def test_least_loaded_queue_of_the_hand_ties_to_hand_order() -> None:
     control = fc([limited("l", queues=8, hand_size=4)], 1)
     flow = flow_id("s", "a")
     hand = hand_for(flow, 8, 4)
-    assert control.arrive("l", flow, T("run"), 0.0) == Admitted()
+    assert control.arrive("l", flow, T("run"), 0.0) == Seated()
     placed = [control.arrive("l", flow, T(f"w{i}"), 0.0) for i in range(6)]
     assert placed == [Queued(q) for q in [*hand, hand[0], hand[1]]]
     # another flow sharing queues avoids the longer ones
@@ -61,7 +61,7 @@ def test_queue_length_limit_rejects_at_the_door() -> None:
     is Rejected(queue-full) with a retry estimate, and nothing of it is kept."""
     control = fc([limited("l", queues=4, hand_size=2, queue_length_limit=3)], 1)
     flow = flow_id("s", "flood")
-    assert control.arrive("l", flow, T("run"), 0.0) == Admitted()
+    assert control.arrive("l", flow, T("run"), 0.0) == Seated()
     for i in range(6):
         assert isinstance(control.arrive("l", flow, T(f"w{i}"), 0.0), Queued)
     refused = control.arrive("l", flow, T("x"), 0.0)
@@ -93,13 +93,13 @@ def test_reject_level_never_queues() -> None:
     control = fc([limited("catch-all", 5, reject=True)], 2)
     flow = flow_id("catch-all", "x")
     assert [control.arrive("catch-all", flow, T(str(i)), 0.0) for i in range(3)] == [
-        Admitted(),
-        Admitted(),
+        Seated(),
+        Seated(),
         Rejected(RejectReason.CONCURRENCY_LIMIT, 1.0),
     ]
     assert control.waiting("catch-all") == 0
     assert control.finish("catch-all", 1.0) == []
-    assert control.arrive("catch-all", flow, T("again"), 1.0) == Admitted()
+    assert control.arrive("catch-all", flow, T("again"), 1.0) == Seated()
 
 
 def test_exempt_level_is_always_admitted_and_limits_nobody() -> None:
@@ -107,9 +107,9 @@ def test_exempt_level_is_always_admitted_and_limits_nobody() -> None:
     Limited level (NCS 0: NominalCL 0, nothing reserved)."""
     control = fc([exempt(), limited("checks", reject=True)], 2)
     for i in range(1000):
-        assert control.arrive("exempt", "e", T(f"e{i}"), 0.0) == Admitted()
-    assert control.arrive("checks", "c", T("c1"), 0.0) == Admitted()
-    assert control.arrive("checks", "c", T("c2"), 0.0) == Admitted()
+        assert control.arrive("exempt", "e", T(f"e{i}"), 0.0) == Seated()
+    assert control.arrive("checks", "c", T("c1"), 0.0) == Seated()
+    assert control.arrive("checks", "c", T("c2"), 0.0) == Seated()
     assert view(control, "exempt").executing == 1000
     assert view(control, "exempt").in_queue == 0
     assert control.finish("exempt", 1.0) == []
@@ -149,11 +149,11 @@ def test_borrowing_and_lending_follow_demand() -> None:
     decisions = [
         control.arrive("workload", flow_id("wl", str(i)), t, 0.0) for i, t in enumerate(work)
     ]
-    assert decisions.count(Admitted()) == 88
+    assert decisions.count(Seated()) == 88
     assert (control.limit("workload"), control.limit("batch")) == (88, 12)
     batch = [T(f"b{i}") for i in range(30)]
     decisions = [control.arrive("batch", flow_id("b", str(i)), t, 1.0) for i, t in enumerate(batch)]
-    assert decisions.count(Admitted()) == 12
+    assert decisions.count(Seated()) == 12
     assert (control.limit("workload"), control.limit("batch")) == (77, 12)
     released = control.finish("workload", 2.0)
     assert (control.limit("workload"), control.limit("batch")) == (77, 23)
@@ -263,7 +263,7 @@ def test_parking_wants_no_seat_and_moves_no_limit() -> None:
     for i in range(500):
         assert isinstance(control.park("a", flow_id("s", f"r{i % 7}")), Place)
     assert (control.limit("a"), control.limit("b")) == idle == (3, 7)  # a lends as if idle
-    assert control.arrive("a", flow_id("s", "r0"), T("go"), 0.0) == Admitted()
+    assert control.arrive("a", flow_id("s", "r0"), T("go"), 0.0) == Seated()
     assert (view(control, "a").parked, control.executing("a")) == (500, 1)
 
 
@@ -272,7 +272,7 @@ def test_parked_places_count_against_a_flows_seat_queue() -> None:
     seat there — what one flow holds in kuikproxy stays within its hand."""
     control = fc([limited("l", queues=4, hand_size=2, queue_length_limit=2)], 1)
     flow = flow_id("s", "f")
-    assert control.arrive("l", flow_id("s", "other"), T("run"), 0.0) == Admitted()
+    assert control.arrive("l", flow_id("s", "other"), T("run"), 0.0) == Seated()
     for _ in range(4):
         assert isinstance(control.park("l", flow), Place)
     refused = control.arrive("l", flow, T("x"), 0.0)

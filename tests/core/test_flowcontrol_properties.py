@@ -1,4 +1,4 @@
-"""FlowControl under random event streams: invariants that hold after every event."""
+"""FlowMachine under random event streams: invariants that hold after every event."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from flowcontrol_levels import exempt, limited
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kuikproxy.core.flowcontrol import Admitted, FlowControl, Queued, Rejected, seats
+from kuikproxy.core.flowcontrol import FlowMachine, Queued, Rejected, Seated, seats
 
 LEVELS = [
     exempt("exempt", shares=2, lendable=50),
@@ -36,7 +36,7 @@ def test_invariants_hold_after_every_event(stream: list[tuple[str, str, int]]) -
     free seat); exactly the tickets the machine queued and has not released or seen cancelled
     are waiting; and when everything running finishes and the jail's clients leave, every
     ticket has run and nothing is held."""
-    control: FlowControl[int] = FlowControl(LEVELS, SERVER_CL, 0.0)
+    control: FlowMachine[int] = FlowMachine(LEVELS, SERVER_CL, 0.0)
     table = seats(LEVELS, SERVER_CL)
     total = min(
         max(SERVER_CL, sum(s.floor for s in table.values())),
@@ -56,7 +56,7 @@ def test_invariants_hold_after_every_event(stream: list[tuple[str, str, int]]) -
         now += 1.0
         if kind == "arrive":
             decision = control.arrive(level, f"flow-{arg}", n, now)
-            if isinstance(decision, Admitted):
+            if isinstance(decision, Seated):
                 running[level] += 1
                 ran.add(n)
             elif isinstance(decision, Queued):

@@ -12,13 +12,13 @@ from kuikproxy.core.flowcontrol import (
     LimitedPriorityLevelConfiguration,
     LimitResponse,
     LimitResponseType,
-    PriorityLevelConfiguration,
+    PriorityLevel,
     QueuingConfiguration,
     Seats,
     current_limits,
     fair_allocation,
+    flow_problems,
     level_problems,
-    levels_problems,
     seats,
 )
 
@@ -168,40 +168,45 @@ def test_limits_stay_within_bounds_and_sum_to_server_cl(
 def test_validation_refuses_what_kubernetes_refuses() -> None:
     """SPEC §10's list: Exempt with limited, Limited without it, Reject with queuing, Queue
     without it, handSize > queues, more than 60 bits of entropy, lendablePercent outside
-    0..100, negative numbers — each reported, none raised."""
-    plc, lim = PriorityLevelConfiguration, LimitedPriorityLevelConfiguration
-    assert level_problems(plc("e", LevelType.EXEMPT, limited=lim())) == [
-        "limited: must be empty when type is Exempt"
+    0..100, negative numbers — each reported at its path, none raised."""
+    plc, lim = PriorityLevel, LimitedPriorityLevelConfiguration
+    reject = LimitResponse(LimitResponseType.REJECT)
+    assert level_problems(plc("e", LevelType.EXEMPT, limited=lim(reject))) == [
+        (("limited",), "must not be set when type is Exempt")
     ]
     assert level_problems(plc("l", LevelType.LIMITED)) == [
-        "limited: must not be empty when type is Limited"
+        (("limited",), "must be set when type is Limited")
     ]
-    reject_with_queuing = lim(limit_response=LimitResponse(LimitResponseType.REJECT))
+    reject_with_queuing = lim(LimitResponse(LimitResponseType.REJECT, QueuingConfiguration()))
     assert level_problems(plc("r", LevelType.LIMITED, limited=reject_with_queuing)) == [
-        "limited.limitResponse.queuing: must be empty when type is Reject"
+        (("limited", "limitResponse", "queuing"), "must not be set when type is Reject")
     ]
-    queue_without = lim(limit_response=LimitResponse(LimitResponseType.QUEUE, None))
-    assert level_problems(plc("q", LevelType.LIMITED, limited=queue_without)) == [
-        "limited.limitResponse.queuing: must not be empty when type is Queue"
-    ]
+    queue_without = lim(LimitResponse(LimitResponseType.QUEUE, None))
+    [(where, reason)] = level_problems(plc("q", LevelType.LIMITED, limited=queue_without))
+    assert where == ("limited", "limitResponse", "queuing")
+    assert reason.startswith("must be set when type is Queue")
+    queuing = ("limited", "limitResponse", "queuing")
     assert level_problems(limited("h", queues=4, hand_size=5)) == [
-        "limited.limitResponse.queuing.handSize: must not be greater than queues (4)"
+        ((*queuing, "handSize"), "must not be greater than queues (4)")
     ]
     assert level_problems(limited("bits", queues=128, hand_size=9)) == [
-        "limited.limitResponse.queuing: required entropy bits of queues 128 and handSize 9 "
-        "is 63, more than 60"
+        (
+            (*queuing, "handSize"),
+            "a hand of 9 out of 128 queues needs 63 bits of entropy "
+            "(ceil(log2(queues) · handSize)), more than 60",
+        )
     ]
     assert level_problems(limited("ok", queues=1024, hand_size=6)) == []  # exactly 60 bits
     assert level_problems(limited("p", lendable=101, borrowing=-1, queue_length_limit=0)) == [
-        "limited.lendablePercent: must be between 0 and 100",
-        "limited.borrowingLimitPercent: must be non-negative",
-        "limited.limitResponse.queuing.queueLengthLimit: must be positive",
+        ((*queuing, "queueLengthLimit"), "must be greater than 0"),
+        (("limited", "lendablePercent"), "must be between 0 and 100"),
+        (("limited", "borrowingLimitPercent"), "must not be negative"),
     ]
-    queuing = LimitResponse(LimitResponseType.QUEUE, QueuingConfiguration(queues=-1))
-    assert "limited.limitResponse.queuing.queues: must be positive" in level_problems(
-        plc("n", LevelType.LIMITED, limited=lim(limit_response=queuing))
+    negative = LimitResponse(LimitResponseType.QUEUE, QueuingConfiguration(queues=-1))
+    assert ((*queuing, "queues"), "must be greater than 0") in level_problems(
+        plc("n", LevelType.LIMITED, limited=lim(negative))
     )
-    assert levels_problems([limited("a"), limited("a")], 0) == [
-        "serverConcurrencyLimit: must be positive",
-        "a: duplicate priority level name",
+    assert flow_problems(0, [limited("a"), limited("a")], []) == [
+        (("serverConcurrencyLimit",), "must be greater than 0"),
+        (("priorityLevels", 1, "name"), 'duplicate name "a" (also priorityLevels[0])'),
     ]

@@ -12,19 +12,12 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from kuikproxy.core.hoststate import HostPacing
 from kuikproxy.core.images import Image
 from kuikproxy.core.reuse import shared_with
-from kuikproxy.core.scheduler import (
-    Admission,
-    Hold,
-    HostPacing,
-    HostScheduler,
-    Read,
-    Reuse,
-    RingView,
-    Ticket,
-    WindowResult,
-)
+from kuikproxy.core.scheduler import HostScheduler
+from kuikproxy.core.tickets import Admission, Hold, Read, Reuse, Ticket, WindowResult
+from kuikproxy.core.views import RingView
 
 HOST = "docker.io"
 

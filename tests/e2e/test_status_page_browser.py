@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
-from kuikproxy.web.app import build_app
 from tests.upstream_app import Registry
 
 pytestmark = pytest.mark.e2e

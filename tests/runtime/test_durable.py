@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from kuikproxy.core.hoststate import HostPacing
 from kuikproxy.core.images import Image
 from kuikproxy.core.ringstate import RingState
-from kuikproxy.core.scheduler import HostPacing, HostScheduler
+from kuikproxy.core.scheduler import HostScheduler
 from kuikproxy.errors import StateError
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.state import Batch, Saved, StateStore

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import cast
 
 from kuikproxy.core.images import Image
-from kuikproxy.core.scheduler import Operation
+from kuikproxy.core.tickets import Operation
 from kuikproxy.runtime.flow import FlowGate
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.messages import Answer, RegistryRequest

@@ -18,8 +18,8 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from kuikproxy.app import build_app
 from kuikproxy.config import load_config, parse_config
-from kuikproxy.web.app import build_app
 from tests.upstream_app import Registry
 
 

@@ -21,8 +21,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
-from kuikproxy.web.app import build_app
 from tests.upstream_app import MANIFEST_TYPE, digest_of
 
 pytestmark = pytest.mark.looptime

@@ -18,8 +18,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient
 
+from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
-from kuikproxy.web.app import PACER, build_app
+from kuikproxy.web.keys import PACER
 from tests.conftest import HOST, ProxyFactory
 from tests.upstream_app import Registry
 from tests.web.raw import (

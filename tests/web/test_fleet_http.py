@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
 from kuikproxy.fleet.memory import FleetState, MemoryFleet
-from kuikproxy.web.app import build_app
 from kuikproxy.web.keys import PACER
 from tests.conftest import HOST, head
 from tests.upstream_app import Registry
@@ -231,7 +231,7 @@ def test_redis_is_imported_only_by_a_fleets_proxy(fleet_config: str) -> None:
     code = (
         "import sys\n"
         "from kuikproxy.config import parse_config\n"
-        "from kuikproxy.web.app import build_app\n"
+        "from kuikproxy.app import build_app\n"
         f"build_app(parse_config({fleet_config!r}))\n"
         "print('redis' in sys.modules)\n"
     )

@@ -25,9 +25,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from kuikproxy.app import build_app
 from kuikproxy.config import load_config
 from kuikproxy.forward.front import FrontSite
-from kuikproxy.web.app import build_app
 from kuikproxy.web.keys import FORWARDING
 from tests.certs import self_signed
 from tests.upstream_app import Registry
@@ -240,7 +240,7 @@ def test_cryptography_is_imported_only_by_a_forward_proxy() -> None:
     code = (
         "import sys\n"
         "from kuikproxy.config import load_config\n"
-        "from kuikproxy.web.app import build_app\n"
+        "from kuikproxy.app import build_app\n"
         "build_app(load_config(None))\n"
         "print('cryptography' in sys.modules)\n"
     )

@@ -9,9 +9,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
 from kuikproxy.upstream.guard import AddressGuard, AddressRefused
-from kuikproxy.web.app import build_app
 
 pytestmark = pytest.mark.looptime
 

@@ -23,8 +23,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
-from kuikproxy.web.app import PACER, build_app
+from kuikproxy.web.keys import PACER
 from tests.conftest import HOST
 from tests.upstream_app import Registry
 from tests.web.raw import exchange, is_closed_by_peer

@@ -31,9 +31,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient
 
+from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
 from kuikproxy.upstream.client import CONNECT_TIMEOUT
-from kuikproxy.web.app import build_app
 from tests.upstream_app import digest_of
 from tests.web.raw import Behaviour, RawRequest, RawServer, reset
 

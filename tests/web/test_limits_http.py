@@ -17,9 +17,10 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from kuikproxy.config import LimitsSettings
-from kuikproxy.core.scheduler import Operation
+from kuikproxy.core.tickets import Operation
 from kuikproxy.runtime import metrics
-from kuikproxy.runtime.pacer import Pacer, _Host
+from kuikproxy.runtime.host import Host
+from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.web.keys import PACER, WINDOW_LOG
 from tests.conftest import HOST, ProxyFactory, head
 from tests.upstream_app import Registry
@@ -65,13 +66,13 @@ def pacer_of(client: TestClient[Any, Any]) -> Pacer:
     return pacer
 
 
-def window_timers(host: _Host) -> list[asyncio.TimerHandle]:
+def window_timers(host: Host) -> list[asyncio.TimerHandle]:
     """The loop's live timers that fire ``host``'s windows."""
     scheduled = asyncio.get_running_loop()._scheduled  # type: ignore[attr-defined]
     return [
         handle
         for handle in scheduled
-        if not handle.cancelled() and getattr(handle._callback, "__self__", None) is host
+        if not handle.cancelled() and getattr(handle._callback, "__self__", None) is host.timers
     ]
 
 
@@ -158,7 +159,7 @@ async def test_a_quiet_host_has_no_timer_and_is_forgotten_after_the_retention(
     assert (await check(client, "v1", "web", wild)).status == 403  # read at its window, 1m
     host = pacer._hosts[wild]
     await asyncio.sleep(61.0)  # the window after the read found nothing due: the series sleeps
-    assert host.timers == {} and window_timers(host) == []
+    assert host.timers.armed == {} and window_timers(host) == []
     assert window_timers(pacer._hosts[HOST]) == []  # nor does the configured host
     status = await (await client.get("/status")).json()
     windows = status["registries"][wild]["check"]["windows"]

@@ -10,9 +10,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
 from kuikproxy.upstream.auth import basic
-from kuikproxy.web.app import build_app
 from tests.conftest import HOST, ProxyFactory, head
 from tests.upstream_app import Registry
 

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from kuikproxy.web.app import PACER
+from kuikproxy.web.keys import PACER
 from tests.conftest import HOST, ProxyFactory, head
 from tests.upstream_app import Registry
 

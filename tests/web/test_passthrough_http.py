@@ -9,8 +9,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
-from kuikproxy.web.app import build_app
 
 pytestmark = pytest.mark.looptime
 

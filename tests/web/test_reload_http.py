@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from kuikproxy.app import build_app
 from kuikproxy.config import load_config
-from kuikproxy.web.app import build_app
 from kuikproxy.web.keys import PACER, RELOADER
 from tests.config.test_config_loading import NO_DOCUMENT, nothing_in
 from tests.conftest import HOST, head

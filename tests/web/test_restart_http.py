@@ -19,12 +19,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
 from kuikproxy.core.ringstate import EntryState, RingChanges, RingHeader, RingState
 from kuikproxy.errors import StateError
 from kuikproxy.runtime import pacer as pacer_module
 from kuikproxy.state import Batch, Saved, StateStore
-from kuikproxy.web.app import build_app
 from kuikproxy.web.keys import PACER
 from tests.conftest import HOST, ProxyFactory, head
 from tests.upstream_app import Registry

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
-from kuikproxy.web.app import build_app
 from tests.certs import self_signed
 from tests.upstream_app import Registry
 

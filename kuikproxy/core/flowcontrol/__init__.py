@@ -3,18 +3,22 @@
 How it works
 ============
 
-Every request is classified (by flow schemas, outside the core) into a *priority level* and a
+Every request is classified by flow schemas (:mod:`.schemas`) into a *priority level* and a
 *flow* — the schema's name and a distinguisher, such as the resource the request is made for.
 The levels share ``serverConcurrencyLimit`` *seats*: upstream requests in flight at once.
 
-**Seats** (:mod:`.levels`). Each level's ``nominalConcurrencyShares`` gives it
+**Levels** (:mod:`.spec`, their rules :mod:`.validation`, the built-in ones
+:mod:`.baseline`) are ``PriorityLevelConfigurationSpec`` field by field; the config parses a
+file straight into them.
+
+**Seats** (:mod:`.seats`). Each level's ``nominalConcurrencyShares`` gives it
 ``NominalCL = ceil(ServerCL · NCS / Σ NCS)`` seats, of which ``LendableCL`` (``lendablePercent``)
 may be lent, and it may borrow up to ``BorrowingCL`` (``borrowingLimitPercent``, nil unlimited).
 Its *current limit* moves between ``NominalCL − LendableCL`` and ``NominalCL + BorrowingCL``
 with demand — the seats each level wants now, executing plus queued — by Kubernetes' fair
 allocation: levels that want little keep their floor and lend the rest, levels that want more
 share what is lent in proportion to their demand, the total held at ServerCL
-(:class:`.levels.Allocator` states the rule and where it departs from Kubernetes).
+(:class:`.seats.Allocator` states the rule and where it departs from Kubernetes).
 
 **Queues** (:mod:`.sharding`, :mod:`.queueset`). A request that finds no free seat waits in one
 of its level's ``queues``: its flow is hashed (SHA-256, stable across restarts and processes) and
@@ -30,8 +34,8 @@ a flow holding eight queues gets eight turns, never the whole level.
 their NCS only reserves seats they may lend. ``Limited`` levels with ``limitResponse: Reject``
 never queue: no free seat, no entry.
 
-**The machine** (:mod:`.machine`). :class:`FlowControl` is pure, like the pacing scheduler: the
-runtime feeds it ``arrive`` (a request came: :class:`Admitted`, :class:`Queued` or
+**The machine** (:mod:`.machine`). :class:`FlowMachine` is pure, like the pacing scheduler: the
+runtime feeds it ``arrive`` (a request came: :class:`Seated`, :class:`Queued` or
 :class:`Rejected` with a retry estimate), ``finish`` (a request that held a seat ended: the
 tickets that may run now) and ``cancel`` (a waiting client left), each with ``now``; ``park`` and
 ``unpark`` for requests that wait for their window rather than a seat (they hold a place in
@@ -55,35 +59,45 @@ event but rises, where requests wait, only at ``finish`` and ``cancel``, which d
 ``arrive`` answers for its own ticket only and never releases another.
 """
 
-from kuikproxy.core.flowcontrol.levels import (
-    Allocator,
-    ExemptPriorityLevelConfiguration,
-    LevelType,
-    LimitedPriorityLevelConfiguration,
-    LimitResponse,
-    LimitResponseType,
-    PriorityLevelConfiguration,
-    QueuingConfiguration,
-    Seats,
-    current_limits,
-    fair_allocation,
-    level_problems,
-    levels_problems,
-    round_allocation,
-    seats,
+from kuikproxy.core.flowcontrol.baseline import (
+    BUILTIN_FLOW_SCHEMAS,
+    BUILTIN_PRIORITY_LEVELS,
+    effective_levels,
+    effective_schemas,
 )
-from kuikproxy.core.flowcontrol.machine import (
-    Admitted,
+from kuikproxy.core.flowcontrol.decisions import (
     Condition,
     Decision,
-    FlowControl,
     LevelView,
     Place,
     Queued,
     Rejected,
     RejectReason,
+    Seated,
 )
+from kuikproxy.core.flowcontrol.machine import FlowMachine
 from kuikproxy.core.flowcontrol.queueset import QueueSet
+from kuikproxy.core.flowcontrol.schemas import (
+    DEFAULT_MATCHING_PRECEDENCE,
+    MAX_MATCHING_PRECEDENCE,
+    FlowDistinguisherMethod,
+    FlowOperation,
+    FlowRule,
+    FlowSchema,
+    HeaderMatch,
+    PriorityLevelReference,
+    first_match,
+    may_exempt_paced,
+    reads_headers,
+)
+from kuikproxy.core.flowcontrol.seats import (
+    Allocator,
+    Seats,
+    current_limits,
+    fair_allocation,
+    round_allocation,
+    seats,
+)
 from kuikproxy.core.flowcontrol.sharding import (
     MAX_HASH_BITS,
     deal,
@@ -92,37 +106,73 @@ from kuikproxy.core.flowcontrol.sharding import (
     hash_flow,
     required_entropy_bits,
 )
+from kuikproxy.core.flowcontrol.spec import (
+    ExemptPriorityLevelConfiguration,
+    LevelType,
+    LimitedPriorityLevelConfiguration,
+    LimitResponse,
+    LimitResponseType,
+    PriorityLevel,
+    QueuingConfiguration,
+)
+from kuikproxy.core.flowcontrol.validation import (
+    MAX_QUEUES,
+    Loc,
+    Problem,
+    flow_problems,
+    level_problems,
+    schema_problems,
+)
 
 __all__ = [
+    "BUILTIN_FLOW_SCHEMAS",
+    "BUILTIN_PRIORITY_LEVELS",
+    "DEFAULT_MATCHING_PRECEDENCE",
     "MAX_HASH_BITS",
-    "Admitted",
+    "MAX_MATCHING_PRECEDENCE",
+    "MAX_QUEUES",
     "Allocator",
     "Condition",
     "Decision",
     "ExemptPriorityLevelConfiguration",
-    "FlowControl",
+    "FlowDistinguisherMethod",
+    "FlowMachine",
+    "FlowOperation",
+    "FlowRule",
+    "FlowSchema",
+    "HeaderMatch",
     "LevelType",
     "LevelView",
     "LimitResponse",
     "LimitResponseType",
     "LimitedPriorityLevelConfiguration",
+    "Loc",
     "Place",
-    "PriorityLevelConfiguration",
+    "PriorityLevel",
+    "PriorityLevelReference",
+    "Problem",
     "QueueSet",
     "Queued",
     "QueuingConfiguration",
     "RejectReason",
     "Rejected",
+    "Seated",
     "Seats",
     "current_limits",
     "deal",
+    "effective_levels",
+    "effective_schemas",
     "fair_allocation",
+    "first_match",
     "flow_id",
+    "flow_problems",
     "hand_for",
     "hash_flow",
     "level_problems",
-    "levels_problems",
+    "may_exempt_paced",
+    "reads_headers",
     "required_entropy_bits",
     "round_allocation",
+    "schema_problems",
     "seats",
 ]

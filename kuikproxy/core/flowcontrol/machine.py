@@ -1,100 +1,31 @@
 """The flow-control state machine: seats of every level, their queues, decisions.
 
-See the package's docstring for the model; this module holds :class:`FlowControl`, its
-decisions and its snapshot.
+See the package's docstring for the model; this module holds :class:`FlowMachine`; its
+decisions and views are in :mod:`.decisions`. Its levels are valid ones (:mod:`.validation`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Generic, TypeVar
 
-from kuikproxy.core.flowcontrol.levels import (
-    Allocator,
-    LevelType,
-    LimitResponseType,
-    PriorityLevelConfiguration,
-    Seats,
-    levels_problems,
-    seats,
+from kuikproxy.core.flowcontrol.decisions import (
+    SEATED,
+    Condition,
+    Decision,
+    LevelView,
+    Place,
+    Queued,
+    Rejected,
+    RejectReason,
 )
 from kuikproxy.core.flowcontrol.queueset import QueueSet
+from kuikproxy.core.flowcontrol.seats import Allocator, Seats, seats
+from kuikproxy.core.flowcontrol.spec import LevelType, PriorityLevel
 
 T = TypeVar("T", bound=Hashable)
 
 GAP_WEIGHT = 0.2  # weight of the newest sample in a level's mean time between finishes
-
-
-class RejectReason(StrEnum):
-    QUEUE_FULL = "queue-full"  # the least-loaded queue of the flow's hand is full
-    CONCURRENCY_LIMIT = "concurrency-limit"  # a Reject level with no seat free
-
-
-@dataclass(frozen=True, slots=True)
-class Admitted:
-    """Run now. The request holds a seat until :meth:`FlowControl.finish` of its level."""
-
-
-@dataclass(frozen=True, slots=True)
-class Queued:
-    """Wait: the ticket comes back from :meth:`FlowControl.finish` (or ``cancel``) when a seat
-    is its; ``queue`` is the index of the queue it waits in."""
-
-    queue: int
-
-
-@dataclass(frozen=True, slots=True)
-class Rejected:
-    """Refuse (429). ``retry_after`` estimates, in seconds, when trying again may succeed."""
-
-    reason: RejectReason
-    retry_after: float
-
-
-Decision = Admitted | Queued | Rejected
-
-
-@dataclass(frozen=True, slots=True)
-class Place:
-    """A place in a level's queues held by a request that waits for its window, not a seat
-    (SPEC §10); given back with :meth:`FlowControl.unpark`. ``queue`` is -1 on a level
-    without queues."""
-
-    level: str
-    queue: int
-
-
-ADMITTED = Admitted()
-
-
-@dataclass(frozen=True, slots=True)
-class Condition:
-    """A ``PriorityLevelConfigurationCondition``; ``last_transition_time`` is a core ``now``."""
-
-    type: str
-    status: str  # "True" | "False" | "Unknown"
-    reason: str
-    message: str
-    last_transition_time: float
-
-
-@dataclass(frozen=True, slots=True)
-class LevelView:
-    name: str
-    type: LevelType
-    limit_response: LimitResponseType | None  # None for Exempt levels
-    nominal_cl: int
-    lendable_cl: int
-    borrowing_cl: int | None  # None: unlimited
-    current_cl: int  # for an Exempt level: the seats it keeps from lending, not a limit
-    in_queue: int  # waiting for a seat
-    parked: int  # holding a place while waiting for their window
-    executing: int
-    dispatched: int
-    rejected: dict[RejectReason, int]
-    conditions: tuple[Condition, ...]
 
 
 class _Level(Generic[T]):
@@ -114,7 +45,7 @@ class _Level(Generic[T]):
         "seats",
     )
 
-    def __init__(self, config: PriorityLevelConfiguration, index: int, seats: Seats) -> None:
+    def __init__(self, config: PriorityLevel, index: int, seats: Seats) -> None:
         self.config = config
         self.index = index
         self.seats = seats
@@ -141,7 +72,7 @@ class _Level(Generic[T]):
         return 0 if self.queueset is None else self.queueset.waiting
 
 
-class FlowControl(Generic[T]):
+class FlowMachine(Generic[T]):
     """Seats, queues and decisions of every priority level (SPEC §10), fed events with ``now``.
 
     Tickets are the caller's opaque, hashable objects, each waiting at most once at a time.
@@ -149,15 +80,12 @@ class FlowControl(Generic[T]):
 
     def __init__(
         self,
-        levels: Sequence[PriorityLevelConfiguration],
+        levels: Sequence[PriorityLevel],
         server_concurrency_limit: int,
         now: float,
         *,
         default_retry_after: float = 1.0,
     ) -> None:
-        problems = levels_problems(levels, server_concurrency_limit)
-        if problems:
-            raise ValueError("invalid priority levels:\n" + "\n".join(problems))
         self.server_concurrency_limit = server_concurrency_limit
         self.default_retry_after = default_retry_after
         table = seats(levels, server_concurrency_limit)
@@ -186,7 +114,7 @@ class FlowControl(Generic[T]):
             lv.dispatched += 1
             self._demand[i] += 1
             self._arrived(lv, now)
-            return ADMITTED
+            return SEATED
         qs = lv.queueset
         if qs is None or qs.waiting == 0:  # nothing waits here: a free seat takes it
             self._demand[i] += 1
@@ -195,7 +123,7 @@ class FlowControl(Generic[T]):
                 lv.executing += 1
                 lv.dispatched += 1
                 self._arrived(lv, now, limits)
-                return ADMITTED
+                return SEATED
             self._demand[i] -= 1
             if qs is None:
                 return self._reject(lv, RejectReason.CONCURRENCY_LIMIT, 1)

@@ -35,8 +35,8 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from kuikproxy.core.flowcontrol.levels import QueuingConfiguration
 from kuikproxy.core.flowcontrol.sharding import hand_for
+from kuikproxy.core.flowcontrol.spec import QueuingConfiguration
 
 T = TypeVar("T", bound=Hashable)
 

@@ -1,162 +1,19 @@
-"""Priority levels as ``flowcontrol.apiserver.k8s.io/v1`` spells them, and their seat arithmetic.
-
-The dataclasses mirror ``PriorityLevelConfigurationSpec`` field by field (snake_case for
-camelCase), with the API's defaults. :func:`level_problems` validates a set of levels as
-Kubernetes does (SPEC §10); nothing here raises on construction, so the config layer can report
-every problem at once.
+"""Seat arithmetic of priority levels (SPEC §10): NominalCL, LendableCL, BorrowingCL, and
+current limits that move with demand.
 
 :func:`seats` computes NominalCL, LendableCL and BorrowingCL exactly (integer arithmetic: Go's
 ``math.Ceil`` and ``math.Round`` — half away from zero — without float drift), and
 :func:`current_limits` turns each level's demand into current limits (see
-:class:`Allocator` for the rule).
+:class:`Allocator` for the rule). The levels are valid ones (:mod:`.validation`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 
-from kuikproxy.core.flowcontrol.sharding import MAX_HASH_BITS, required_entropy_bits
-
-
-class LevelType(StrEnum):
-    EXEMPT = "Exempt"
-    LIMITED = "Limited"
-
-
-class LimitResponseType(StrEnum):
-    QUEUE = "Queue"
-    REJECT = "Reject"
-
-
-@dataclass(frozen=True, slots=True)
-class QueuingConfiguration:
-    queues: int = 64
-    hand_size: int = 8
-    queue_length_limit: int = 50
-
-
-@dataclass(frozen=True, slots=True)
-class LimitResponse:
-    type: LimitResponseType = LimitResponseType.QUEUE
-    queuing: QueuingConfiguration | None = field(default_factory=QueuingConfiguration)
-
-
-@dataclass(frozen=True, slots=True)
-class LimitedPriorityLevelConfiguration:
-    nominal_concurrency_shares: int = 30
-    lendable_percent: int = 0
-    borrowing_limit_percent: int | None = None  # None: unlimited
-    limit_response: LimitResponse = field(default_factory=LimitResponse)
-
-
-@dataclass(frozen=True, slots=True)
-class ExemptPriorityLevelConfiguration:
-    nominal_concurrency_shares: int = 0
-    lendable_percent: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class PriorityLevelConfiguration:
-    """One priority level: ``metadata.name`` and ``spec``. ``exempt`` None on an Exempt level
-    means the API defaults (NCS 0, lendablePercent 0)."""
-
-    name: str
-    type: LevelType
-    limited: LimitedPriorityLevelConfiguration | None = None
-    exempt: ExemptPriorityLevelConfiguration | None = None
-
-    @property
-    def shares(self) -> int:
-        if self.limited is not None:
-            return self.limited.nominal_concurrency_shares
-        return (self.exempt or ExemptPriorityLevelConfiguration()).nominal_concurrency_shares
-
-    @property
-    def lendable_percent(self) -> int:
-        if self.limited is not None:
-            return self.limited.lendable_percent
-        return (self.exempt or ExemptPriorityLevelConfiguration()).lendable_percent
-
-    @property
-    def queuing(self) -> QueuingConfiguration | None:
-        """The queues of a Limited ``Queue`` level; None for Exempt and ``Reject`` levels."""
-        if self.limited is None or self.limited.limit_response.type is not LimitResponseType.QUEUE:
-            return None
-        return self.limited.limit_response.queuing
-
-
-def level_problems(level: PriorityLevelConfiguration) -> list[str]:
-    """Every reason Kubernetes would refuse this level, as ``"field: reason"`` lines."""
-    out: list[str] = []
-    if level.type is LevelType.EXEMPT:
-        if level.limited is not None:
-            out.append("limited: must be empty when type is Exempt")
-        spec = level.exempt or ExemptPriorityLevelConfiguration()
-        where = "exempt"
-        if spec.nominal_concurrency_shares < 0:
-            out.append(f"{where}.nominalConcurrencyShares: must be non-negative")
-        if not 0 <= spec.lendable_percent <= 100:
-            out.append(f"{where}.lendablePercent: must be between 0 and 100")
-        return out
-    if level.exempt is not None:
-        out.append("exempt: must be empty when type is Limited")
-    limited = level.limited
-    if limited is None:
-        out.append("limited: must not be empty when type is Limited")
-        return out
-    if limited.nominal_concurrency_shares < 0:
-        out.append("limited.nominalConcurrencyShares: must be non-negative")
-    if not 0 <= limited.lendable_percent <= 100:
-        out.append("limited.lendablePercent: must be between 0 and 100")
-    if limited.borrowing_limit_percent is not None and limited.borrowing_limit_percent < 0:
-        out.append("limited.borrowingLimitPercent: must be non-negative")
-    response = limited.limit_response
-    queuing = response.queuing
-    if response.type is LimitResponseType.REJECT:
-        if queuing is not None:
-            out.append("limited.limitResponse.queuing: must be empty when type is Reject")
-        return out
-    if queuing is None:
-        out.append("limited.limitResponse.queuing: must not be empty when type is Queue")
-        return out
-    where = "limited.limitResponse.queuing"
-    for name, value in (
-        ("queues", queuing.queues),
-        ("handSize", queuing.hand_size),
-        ("queueLengthLimit", queuing.queue_length_limit),
-    ):
-        if value <= 0:
-            out.append(f"{where}.{name}: must be positive")
-    if 0 < queuing.queues < queuing.hand_size:
-        out.append(f"{where}.handSize: must not be greater than queues ({queuing.queues})")
-    elif queuing.queues > 0 and queuing.hand_size > 0:
-        bits = required_entropy_bits(queuing.queues, queuing.hand_size)
-        if bits > MAX_HASH_BITS:
-            out.append(
-                f"{where}: required entropy bits of queues {queuing.queues} and handSize "
-                f"{queuing.hand_size} is {bits}, more than {MAX_HASH_BITS}"
-            )
-    return out
-
-
-def levels_problems(
-    levels: Sequence[PriorityLevelConfiguration], server_concurrency_limit: int
-) -> list[str]:
-    """:func:`level_problems` of each level (prefixed by its name), duplicate names, ServerCL."""
-    out: list[str] = []
-    if server_concurrency_limit <= 0:
-        out.append("serverConcurrencyLimit: must be positive")
-    seen: set[str] = set()
-    for level in levels:
-        if level.name in seen:
-            out.append(f"{level.name}: duplicate priority level name")
-        seen.add(level.name)
-        out.extend(f"{level.name}.{problem}" for problem in level_problems(level))
-    return out
-
+from kuikproxy.core.flowcontrol.spec import LevelType, PriorityLevel
 
 # -- seats -------------------------------------------------------------------------------------
 
@@ -186,9 +43,7 @@ class Seats:
         return self.nominal + borrowing
 
 
-def seats(
-    levels: Sequence[PriorityLevelConfiguration], server_concurrency_limit: int
-) -> dict[str, Seats]:
+def seats(levels: Sequence[PriorityLevel], server_concurrency_limit: int) -> dict[str, Seats]:
     """NominalCL, LendableCL, BorrowingCL of each level (SPEC §10)::
 
     NominalCL(i)   = ceil(ServerCL · NCS(i) / Σ NCS)          (0 when Σ NCS is 0)
@@ -324,9 +179,7 @@ class Allocator:
 
     __slots__ = ("_exempt", "_floors", "_last", "_nominal", "_required", "_static", "names")
 
-    def __init__(
-        self, levels: Sequence[PriorityLevelConfiguration], server_concurrency_limit: int
-    ) -> None:
+    def __init__(self, levels: Sequence[PriorityLevel], server_concurrency_limit: int) -> None:
         table = seats(levels, server_concurrency_limit)
         self.names = tuple(level.name for level in levels)
         self._exempt = tuple(level.type is LevelType.EXEMPT for level in levels)
@@ -364,7 +217,7 @@ class Allocator:
 
 
 def current_limits(
-    levels: Sequence[PriorityLevelConfiguration],
+    levels: Sequence[PriorityLevel],
     server_concurrency_limit: int,
     demand: Mapping[str, int],
 ) -> dict[str, int]:

@@ -1,0 +1,143 @@
+"""The composition root: the application assembled from its parts, and their lifecycle.
+
+Nothing else builds objects of more than one layer: the web edge gets the runtime through
+the application's keys (:mod:`kuikproxy.web.keys`), the runtime gets the registries, and the
+registries tell the runtime and the metrics what the registries answered — wired here, so no
+lower layer calls back into a higher one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from aiohttp import web
+
+from kuikproxy.config import Config
+from kuikproxy.core.tickets import Operation
+from kuikproxy.fleet.backend import FleetBackend
+from kuikproxy.forward.front import Forwarding
+from kuikproxy.runtime.durable import Durable
+from kuikproxy.runtime.metrics import Metrics
+from kuikproxy.runtime.pacer import Pacer
+from kuikproxy.runtime.snapshot import snapshot
+from kuikproxy.runtime.watch import FileWatch
+from kuikproxy.runtime.windowlog import WindowLog
+from kuikproxy.upstream.client import AiohttpTransport, Transport
+from kuikproxy.upstream.guard import AddressGuard
+from kuikproxy.upstream.registries import Registries
+from kuikproxy.web.keys import CURRENT, FORWARDING, METRICS, PACER, RELOADER, WINDOW_LOG
+from kuikproxy.web.reload import Current, Reloader
+from kuikproxy.web.routes import add_routes
+
+
+def build_app(
+    config: Config,
+    transport: Transport | None = None,
+    *,
+    config_path: str | None = None,
+    fleet: FleetBackend | None = None,
+) -> web.Application:
+    """The whole application; ``transport`` defaults to aiohttp towards real registries.
+    With ``config_path``, the file is watched and re-read on change and on SIGHUP (§7.2).
+    With ``config.fleet``, windows are shared through ``fleet`` (default: its Redis)."""
+    app = web.Application()
+    current = app[CURRENT] = Current(config)
+    forward = config.forward_proxy
+    app[FORWARDING] = None
+    if forward.enabled:  # cryptography is imported only by a forward proxy
+        from kuikproxy.forward.authority import Authority
+
+        authority = Authority(forward.ca.cert_file, forward.ca.key_file)
+        app[FORWARDING] = Forwarding(
+            lambda: current.config,
+            authority,
+            refused=lambda error: app[PACER].refused_now(None, error),
+        )
+    app[WINDOW_LOG] = WindowLog()
+    lifecycle = _Lifecycle(config, transport, config_path, fleet)
+    app.on_startup.append(lifecycle.start)
+    app.on_shutdown.append(lifecycle.stop)
+    app.on_cleanup.append(lifecycle.cleanup)
+    add_routes(app.router, forward=forward.enabled)
+    return app
+
+
+class _Lifecycle:
+    """What the application starts, and stops, with its event loop."""
+
+    def __init__(
+        self,
+        config: Config,
+        transport: Transport | None,
+        config_path: str | None,
+        fleet: FleetBackend | None,
+    ) -> None:
+        self.config = config
+        self.guard = AddressGuard() if transport is None else None
+        self.upstream = transport or AiohttpTransport(guard=self.guard)
+        self.config_path = config_path
+        self.fleet = fleet
+        self.watches: list[FileWatch] = []
+
+    async def start(self, app: web.Application) -> None:
+        loop, config = asyncio.get_running_loop(), self.config
+
+        # every registry answer, whoever asked (§11): the pacer learns blocks, the metrics count
+        def answered(
+            host: str, method: str, status: int | None, headers: tuple[tuple[str, str], ...]
+        ) -> None:
+            app[METRICS].upstream_answered(host, method, status, headers)
+            app[PACER].upstream_answered(host, method, status, headers)
+
+        async def before_token(host: str) -> None:
+            await app[PACER].spend_oauth(host)
+
+        registries = Registries(
+            config, self.upstream, loop.time, self.guard, answered, before_token=before_token
+        )
+        # P13: a state file that cannot be used stops the start, before anything is paced
+        durable = None if config.state.path is None else await Durable.open(config.state.path)
+        fleet = self.fleet
+        if fleet is None and config.fleet is not None:
+            from kuikproxy.fleet.join import join  # redis-py only for a fleet
+
+            fleet = self.fleet = await join(config.fleet)
+        pacer = app[PACER] = Pacer(config, registries, durable=durable, fleet=fleet)
+        if durable is not None:
+            await durable.restore(pacer)
+        metrics = app[METRICS] = Metrics(
+            snapshot=lambda rings: snapshot(pacer, pacer.loop.time(), ring_stats=rings),
+            known=pacer.known,
+        )
+
+        def waited(host: str, operation: Operation, seconds: float) -> None:
+            metrics.wait.labels(host, operation.value.capitalize()).observe(seconds)
+
+        pacer.waits.append(waited)
+        pacer.observers.append(app[WINDOW_LOG].observe)
+        pacer.forgetters += [app[WINDOW_LOG].forget, metrics.forget]
+        reloader = app[RELOADER] = Reloader(self.config_path, app[CURRENT], pacer, metrics)
+        if self.config_path is not None:
+            self.watches.append(FileWatch(self.config_path, reloader.changed, loop))
+            loop.add_signal_handler(signal.SIGHUP, reloader.reload)
+
+    async def stop(self, app: web.Application) -> None:
+        for watch in self.watches:
+            watch.close()
+        if self.config_path is not None:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        # on shutdown, before aiohttp waits for handlers: held requests are answered 503 now
+        # rather than cancelled after the grace period
+        await app[PACER].close()
+
+    async def cleanup(self, app: web.Application) -> None:
+        await self.upstream.close()
+        forwarding = app[FORWARDING]
+        if forwarding is not None:
+            forwarding.authority.close()
+        durable = app[PACER].durable
+        if durable is not None:  # the last write, once nothing changes any more
+            await durable.close()
+        if self.fleet is not None:
+            await self.fleet.close()

@@ -1,0 +1,127 @@
+"""The process-wide settings of the config (SPEC §7): what is not per registry host.
+
+The cache of kept answers, the limits on what is kept in memory, where pacing state survives
+restarts, forward-proxy mode (§13) and the fleet a proxy paces with.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic.dataclasses import dataclass
+
+from kuikproxy.config.base import MODEL_CONFIG, PositiveInt, host_patterns
+from kuikproxy.config.fields import Duration, Size
+
+__all__ = [
+    "CacheSettings",
+    "FleetSettings",
+    "ForwardProxyCA",
+    "ForwardProxySettings",
+    "LimitsSettings",
+    "RedisSettings",
+    "StateSettings",
+]
+
+# --- process-wide settings -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, config=MODEL_CONFIG)
+class CacheSettings:
+    """The cache of kept answers (R1, R6)."""
+
+    max_age: Duration = 3600.0
+    """Seconds a kept answer may be reused (default ``1h``)."""
+    max_entries: Annotated[int, Field(ge=0)] = 100_000
+    """At most this many kept answers; least recently used are evicted."""
+    max_bytes: Size = 256 * 1024**2
+    """At most this many bytes of kept bodies (default ``256Mi``)."""
+
+
+@dataclass(frozen=True, config=MODEL_CONFIG)
+class LimitsSettings:
+    """Bounds on what kuikproxy keeps in memory: a request that would pass one is
+    refused (503) and counted; what already has state keeps working. The defaults are far above
+    what a real deployment holds and keep the worst case to a few hundred MiB (decisions.md)."""
+
+    max_hosts: PositiveInt = 1_000
+    """Hosts not in ``registries`` (allowed by a wildcard of ``allowedHosts``) that may have
+    state at once; one is forgotten a retention after its last request."""
+    max_resources: PositiveInt = 10_000
+    """Resources that may have state (a ring or a copy queue) at once, over every host."""
+    max_images: PositiveInt = 1_000_000
+    """Images in every ring together."""
+    max_ring_images: PositiveInt = 100_000
+    """Images in one ring (one resource on one host)."""
+
+
+@dataclass(frozen=True, config=MODEL_CONFIG)
+class StateSettings:
+    """Where pacing state survives restarts (SPEC §7.3, P13)."""
+
+    path: Annotated[str, Field(min_length=1)] | None = None
+    """A SQLite database file; unset keeps the state in memory only."""
+
+
+@dataclass(frozen=True, config=MODEL_CONFIG)
+class ForwardProxyCA:
+    """The CA kuikproxy mints its interception certificates from (SPEC §13)."""
+
+    cert_file: Annotated[str, Field(min_length=1)] = "kuikproxy-ca.crt"
+    """The CA certificate (PEM); generated with ``keyFile`` on first start when both are
+    missing. Relative paths are relative to the working directory."""
+    key_file: Annotated[str, Field(min_length=1)] = "kuikproxy-ca.key"
+    """The CA's private key (PEM, unencrypted), written with mode 0600 when generated."""
+
+
+@dataclass(frozen=True, config=MODEL_CONFIG)
+class ForwardProxySettings:
+    """Forward-proxy mode (SPEC §13): kuikproxy as the ``HTTPS_PROXY`` of clients that cannot
+    be given a mirror (kube-image-keeper's controllers)."""
+
+    enabled: bool = False
+    """Accept ``CONNECT host:port`` (intercepted with TLS) and absolute-URI requests."""
+    ca: ForwardProxyCA = Field(default_factory=ForwardProxyCA)
+    """Where the interception CA is."""
+    tunnel_hosts: tuple[str, ...] = ()
+    """Globs of ``CONNECT`` targets tunnelled blind, never intercepted (e.g. the Kubernetes
+    API if a client sends it to the proxy). Only these may be reached without being paced."""
+
+    @field_validator("tunnel_hosts")
+    @classmethod
+    def _check_tunnel_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return host_patterns(value)
+
+    def tunnels(self, authority: str) -> bool:
+        """Whether ``CONNECT authority`` (``host:port``) is tunnelled blind."""
+        host = authority.lower()
+        bare = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        return any(
+            fnmatch.fnmatchcase(host, p) or fnmatch.fnmatchcase(bare, p) for p in self.tunnel_hosts
+        )
+
+
+@dataclass(frozen=True, config=MODEL_CONFIG)
+class RedisSettings:
+    """Where the fleet meets."""
+
+    url: Annotated[str, Field(min_length=1)]
+    """``redis://host:port/db``, or ``rediss://`` for TLS; a password may be in it."""
+    password_file: Annotated[str, Field(min_length=1)] | None = None
+    """A file holding the password (a mounted Secret), instead of one in the URL."""
+    tls_ca_file: Annotated[str, Field(min_length=1)] | None = None
+    """The CA that signs the server's certificate (``rediss://``), besides the system's."""
+
+
+@dataclass(frozen=True, config=MODEL_CONFIG)
+class FleetSettings:
+    """Several proxies sharing one registry budget: windows, blocks and their
+    origins are the fleet's, kept in Redis."""
+
+    redis: RedisSettings
+    """The Redis the fleet shares."""
+    name: Annotated[str, Field(min_length=1, max_length=253)] | None = None
+    """This proxy's name in the fleet, unique per proxy and stable across its restarts;
+    default the machine's host name (a pod's name)."""

@@ -1,0 +1,284 @@
+"""The collectors of ``/metrics`` (SPEC §9): the pacing state as metric families, each read
+from the :class:`~kuikproxy.runtime.snapshot.Snapshot` of the scrape.
+
+The pacing state — ring sizes, laps, intervals, window outcomes, waiting requests, blocks — is
+the scheduler's, never kept twice (:class:`PacingCollector`); so are the priority levels'
+(:class:`FlowControlCollector`), the quota buckets' (:class:`QuotaCollector`), the refusals'
+(:class:`RefusalCollector`) and the fleet's (:class:`FleetCollector`). The per-ring series are
+rendered by hand (:func:`ring_families`, ~0.5 µs a sample against prometheus-client's ~5).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from kuikproxy.core.flowcontrol import LevelView
+from kuikproxy.core.quota import BucketView, QuotaSnapshot
+from kuikproxy.runtime.fleet import FleetView
+from kuikproxy.runtime.snapshot import RingStat, Snapshot
+
+Scraped = Callable[[], Snapshot]
+"""The snapshot of the scrape under way."""
+
+NO_HOST = "-"
+"""The ``registry`` label of what no host's state answers for: a host refused under
+``limits.maxHosts``, or not allowed at all (one series, however many names clients send)."""
+
+
+class _Scraping(Collector):
+    """A collector of what the scrape's snapshot holds."""
+
+    def __init__(self, scraped: Scraped) -> None:
+        self._scraped = scraped
+
+
+class PacingCollector(_Scraping):
+    """The scheduler's state as metrics, read from its host views at each scrape."""
+
+    def describe(self) -> list[Metric]:
+        """The families, without samples: what the registry checks names against."""
+        return list(_Families().all())
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._scraped()
+        f = _Families()
+        for host, view in sorted(snap.views.items()):
+            for series, name, held in (
+                (view.check, "Check", view.check_waiting),
+                (view.copy, "Copy", view.copy_waiting),
+            ):
+                f.interval.add_metric([host, name], series.interval)
+                f.waiting.add_metric([host, name], held)
+                for outcome, count in series.windows.items():
+                    f.windows.add_metric([host, name, outcome], count)
+            until = view.blocked_until
+            f.blocked.add_metric([host], 0.0 if until is None else until + snap.wall_offset)
+            f.rings.add_metric([host], view.ring_count)
+        yield from f.all()
+
+
+class _Families:
+    """One scrape's families of the pacing state."""
+
+    def __init__(self) -> None:
+        self.rings = GaugeMetricFamily(
+            "kuik_check_rings",
+            "How many rings (resources asking for images) a registry holds, each counted here "
+            "even past the rings that have series of their own.",
+            labels=["registry"],
+        )
+        self.interval = GaugeMetricFamily(
+            "kuik_registry_interval_seconds",
+            "The interval between windows of a registry's series.",
+            labels=["registry", "operation"],
+        )
+        self.windows = CounterMetricFamily(
+            "kuik_registry_windows",
+            "Windows of a registry's series by what became of them (used, idle, busy, blocked).",
+            labels=["registry", "operation", "outcome"],
+        )
+        self.waiting = GaugeMetricFamily(
+            "kuik_proxy_waiting_requests",
+            "Requests held for a window.",
+            labels=["registry", "operation"],
+        )
+        self.blocked = GaugeMetricFamily(
+            "kuik_registry_blocked_until_timestamp_seconds",
+            "Until when the registry asked kuikproxy to stop (Unix time; 0: not blocked).",
+            labels=["registry"],
+        )
+
+    def all(self) -> Iterator[Metric]:
+        yield from (self.rings, self.interval, self.windows, self.waiting, self.blocked)
+
+
+_LAP_HELP = "How long the last lap of a ring took (measured), per resource and registry."
+_IMAGES_HELP = "How many images a resource's ring holds on a registry."
+
+
+def ring_families(rings: Iterable[tuple[str, Iterable[RingStat]]]) -> bytes:
+    """``kuik_check_cycle_duration_seconds`` and ``kuik_check_ring_images`` (the pacing
+    document's names) in the text format, host by host."""
+    laps: list[str] = []
+    images: list[str] = []
+    for host, stats in rings:
+        registry = _label(host)
+        for resource, size, lap in stats:
+            labels = f'{{resource="{_label(resource)}",registry="{registry}"}}'
+            images.append(f"kuik_check_ring_images{labels} {size}.0\n")
+            if lap is not None:
+                value = floatToGoString(lap)  # type: ignore[no-untyped-call]
+                laps.append(f"kuik_check_cycle_duration_seconds{labels} {value}\n")
+    return "".join(
+        (
+            f"# HELP kuik_check_cycle_duration_seconds {_LAP_HELP}\n",
+            "# TYPE kuik_check_cycle_duration_seconds gauge\n",
+            *laps,
+            f"# HELP kuik_check_ring_images {_IMAGES_HELP}\n",
+            "# TYPE kuik_check_ring_images gauge\n",
+            *images,
+        )
+    ).encode()
+
+
+def _label(value: str) -> str:
+    """A label value as the text format writes it: backslash, newline and quote escaped."""
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value
+
+
+class RefusalCollector(_Scraping):
+    """kuikproxy's own refusals by registry and reason (SPEC §12), read at each scrape."""
+
+    def describe(self) -> list[Metric]:
+        return [self._family(())]
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._scraped()
+        yield self._family([(NO_HOST, snap.refused_elsewhere), *snap.refused.items()])
+
+    @staticmethod
+    def _family(refused: Iterable[tuple[str, Mapping[str, int]]]) -> Metric:
+        family = CounterMetricFamily(
+            "kuik_proxy_refusals",
+            "Requests kuikproxy refused itself, by registry and reason: notAllowed, "
+            "addressGuard, ambiguous, maxHold, flowControl, blocked, shutdown, or a limit "
+            f"(maxHosts, maxResources, maxImages, maxRingImages); registry {NO_HOST} for "
+            "hosts without state (a host not allowed among them).",
+            labels=["registry", "reason"],
+        )
+        for registry, counts in refused:
+            for reason, count in sorted(counts.items()):
+                family.add_metric([registry, reason], count)
+        return family
+
+
+class FlowControlCollector(_Scraping):
+    """The priority levels' seats and queues (SPEC §10), read from the flow-control machine's
+    snapshot at each scrape; names follow Kubernetes' ``apiserver_flowcontrol_*``."""
+
+    def describe(self) -> list[Metric]:
+        return list(self._families(()))
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families(self._scraped().levels))
+
+    @staticmethod
+    def _families(levels: tuple[LevelView, ...]) -> list[Metric]:
+        def gauge(name: str, help: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(
+                f"kuik_proxy_flowcontrol_{name}", help, labels=["priority_level"]
+            )
+
+        nominal = gauge("nominal_limit_seats", "NominalCL: the seats a level is entitled to.")
+        current = gauge("current_limit_seats", "The seats a level may use now (lent or borrowed).")
+        queued = gauge("current_inqueue_requests", "Requests waiting for a seat.")
+        parked = gauge(
+            "current_parked_requests",
+            "Requests holding a place in a level's queues while they wait for their window.",
+        )
+        executing = gauge("current_executing_requests", "Requests holding a seat.")
+        dispatched = CounterMetricFamily(
+            "kuik_proxy_flowcontrol_dispatched_requests",
+            "Requests given a seat.",
+            labels=["priority_level"],
+        )
+        rejected = CounterMetricFamily(
+            "kuik_proxy_flowcontrol_rejected_requests",
+            "Requests refused (429): queue-full or concurrency-limit.",
+            labels=["priority_level", "reason"],
+        )
+        for level in levels:
+            name = [level.name]
+            nominal.add_metric(name, level.nominal_cl)
+            current.add_metric(name, level.current_cl)
+            queued.add_metric(name, level.in_queue)
+            parked.add_metric(name, level.parked)
+            executing.add_metric(name, level.executing)
+            dispatched.add_metric(name, level.dispatched)
+            for reason, count in level.rejected.items():
+                rejected.add_metric([level.name, str(reason)], count)
+        return [nominal, current, queued, parked, executing, dispatched, rejected]
+
+
+class QuotaCollector(_Scraping):
+    """Each host's token buckets and the last ``ratelimit-remaining`` it sent (SPEC §9, §11),
+    read from the quota snapshots at each scrape."""
+
+    def describe(self) -> list[Metric]:
+        return list(self._families({}))
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families(self._scraped().quotas))
+
+    @staticmethod
+    def _families(quotas: Mapping[str, QuotaSnapshot]) -> list[Metric]:
+        tokens = GaugeMetricFamily(
+            "kuik_registry_quota_tokens",
+            "Tokens a registry's quota bucket holds now, by category and scope; for identity "
+            "buckets, those of the identity with the fewest.",
+            labels=["registry", "category", "scope"],
+        )
+        remaining = GaugeMetricFamily(
+            "kuik_registry_ratelimit_remaining",
+            "The last ratelimit-remaining a registry's answers carried.",
+            labels=["registry"],
+        )
+        for host, quota in sorted(quotas.items()):
+            for (category, scope), level in _fewest(quota.buckets).items():
+                tokens.add_metric([host, category, scope], level)
+            # no sample until a registry says it: 0 would read as "exhausted"
+            if quota.ratelimit_remaining is not None:
+                remaining.add_metric([host], quota.ratelimit_remaining)
+        return [tokens, remaining]
+
+
+def _fewest(buckets: Iterable[BucketView]) -> dict[tuple[str, str], float]:
+    """The fewest tokens any bucket of each (category, scope) holds.
+
+    A registry-scoped bucket is the only one of its key. Identity buckets are one per active
+    identity, so a label per identity would be unbounded; of them the one with the fewest
+    tokens is the one about to make its requests wait, which is what an alert on exhaustion
+    wants (a sum would grow with the number of identities and hide one that is empty). Identity
+    buckets appear with an identity's first request (until then every one is full). A learnt
+    bucket that has learnt nothing (``tokens`` None) refuses nothing: it has no level to show.
+    """
+    fewest: dict[tuple[str, str], float] = {}
+    for bucket in buckets:
+        if bucket.tokens is not None:
+            key = (bucket.category.value, bucket.scope.value)
+            fewest[key] = min(fewest.get(key, math.inf), bucket.tokens)
+    return fewest
+
+
+class FleetCollector(_Scraping):
+    """Whether the fleet's store is reached, and how large the fleet is: no family at all for
+    a proxy that paces alone."""
+
+    def describe(self) -> list[Metric]:
+        return self._families(None)
+
+    def collect(self) -> Iterator[Metric]:
+        fleet = self._scraped().fleet
+        return iter([] if fleet is None else self._families(fleet))
+
+    @staticmethod
+    def _families(fleet: FleetView | None) -> list[Metric]:
+        connected = GaugeMetricFamily(
+            "kuik_proxy_fleet_connected",
+            "1 while the fleet's store is reached; 0 while this proxy paces alone, on one "
+            "window in kuik_proxy_fleet_size.",
+        )
+        size = GaugeMetricFamily(
+            "kuik_proxy_fleet_size", "Proxies in the fleet as last seen, this one included."
+        )
+        if fleet is not None:
+            connected.add_metric([], float(fleet.connected))
+            size.add_metric([], float(fleet.size))
+        return [connected, size]

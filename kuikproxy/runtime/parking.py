@@ -1,0 +1,136 @@
+"""Requests parked for a window, and the asks of clients that left (P11).
+
+A request that must wait parks on a future keyed by its ticket; a window's read resolves the
+futures of every ticket its answer serves (R2). A client that goes away cancels its handler
+(aiohttp's ``handler_cancellation``); the ``finally`` of :meth:`Parking.hold` then withdraws
+its ticket, and its image stays asked as a *standing* ask, read for it at its turn as if it
+waited (P11) — a held request costs nothing after its client left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kuikproxy.core.flowcontrol import Place
+from kuikproxy.core.scheduler import HostScheduler
+from kuikproxy.core.tickets import Ticket
+from kuikproxy.errors import RegistryError
+from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
+
+
+@dataclass(slots=True)
+class Waiter:
+    request: RegistryRequest
+    future: asyncio.Future[Answer | Go]
+    place: Place  # its place in its flow's queues while it waits (§10)
+    expiry: asyncio.TimerHandle | None = None
+
+
+class Parking:
+    """One host's parked requests and standing asks."""
+
+    def __init__(self, scheduler: HostScheduler, loop: asyncio.AbstractEventLoop) -> None:
+        self.scheduler = scheduler
+        self.loop = loop
+        self.waiters: dict[Ticket, Waiter] = {}
+        # P11: the requests of clients that left (or were refused under maxHold), by their
+        # standing ticket: a window reads the image for them as for a waiting request
+        self.standing: dict[Ticket, RegistryRequest] = {}
+
+    def __len__(self) -> int:
+        return len(self.waiters)
+
+    def request_of(self, ticket: Ticket) -> RegistryRequest | None:
+        """The request a ticket stands for: a waiting client's, or a standing ask's (P11);
+        None once its client has its outcome (refused meanwhile, say) or is gone."""
+        waiter = self.waiters.get(ticket)
+        if waiter is not None and not waiter.future.done():
+            return waiter.request
+        return self.standing.get(ticket)
+
+    def pending(self, ticket: Ticket) -> bool:
+        return self.request_of(ticket) is not None
+
+    def resolve(self, tickets: list[Ticket], outcome: Answer | Go | RegistryError) -> None:
+        for ticket in tickets:
+            waiter = self.waiters.get(ticket)
+            if waiter is None or waiter.future.done():
+                if isinstance(outcome, Go):  # its client left: end its part of the copy now
+                    outcome.done()
+                continue
+            if isinstance(outcome, RegistryError):
+                waiter.future.set_exception(outcome)
+            else:
+                waiter.future.set_result(outcome)
+
+    def answer(self, served: list[Ticket], sent: Ticket | None, answer: Answer) -> None:
+        """Give ``answer`` to ``served``: whole to the client whose request was sent, without
+        its per-client headers (``Set-Cookie``, …) to everyone else."""
+        others = answer.kept()
+        for ticket in served:
+            self.resolve([ticket], answer if ticket is sent else others)
+
+    def settled(self, tickets: tuple[Ticket, ...] | list[Ticket]) -> None:
+        """These asks were read, or let go: they stand no more."""
+        for ticket in tickets:
+            self.standing.pop(ticket, None)
+
+    def fail(self, error: Callable[[Ticket, RegistryRequest], RegistryError | None]) -> None:
+        """Refuse every waiting request that ``error`` has a refusal for."""
+        for ticket, waiter in list(self.waiters.items()):
+            if not waiter.future.done() and (refused := error(ticket, waiter.request)):
+                waiter.future.set_exception(refused)
+
+    def release_all(self, error: RegistryError | None) -> None:
+        """Every held request gets ``error``, or goes at once when it is None."""
+        for waiter in list(self.waiters.values()):
+            if waiter.future.done():
+                continue
+            if error is None:
+                waiter.future.set_result(Go())
+            else:
+                waiter.future.set_exception(error)
+
+    async def hold(
+        self,
+        ticket: Ticket,
+        request: RegistryRequest,
+        place: Place,
+        expire_at: float | None,
+        expired: Callable[[Ticket], None],
+    ) -> Answer | Go:
+        """Wait for ``ticket``'s window; ``expired`` is called at ``expire_at`` (maxHold)."""
+        waiter = Waiter(request, self.loop.create_future(), place)
+        self.waiters[ticket] = waiter
+        if expire_at is not None:
+            waiter.expiry = self.loop.call_at(expire_at, expired, ticket)
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            # released, but the client left before it could use the release: end its part
+            future = waiter.future
+            if future.done() and not future.cancelled() and future.exception() is None:
+                outcome = future.result()
+                if isinstance(outcome, Go):
+                    outcome.done()
+            raise
+        finally:
+            if waiter.expiry is not None:
+                waiter.expiry.cancel()
+            del self.waiters[ticket]
+            request.flow.unpark(place)
+            if not waiter.future.done() or waiter.future.cancelled():
+                self.stand(ticket, request)  # the client went away (P11)
+
+    def stand(self, ticket: Ticket, request: RegistryRequest) -> None:
+        """P11: ``ticket``'s client is gone, its image stays asked: kept with its request, so
+        the window that reads it reads what the client asked for, with its credentials."""
+        if self.scheduler.stand(ticket, self.loop.time()):
+            self.standing[ticket] = request
+
+    def waiting(self, ticket: Ticket) -> Waiter | None:
+        """``ticket``'s waiter while its client still waits for an outcome."""
+        waiter = self.waiters.get(ticket)
+        return waiter if waiter is not None and not waiter.future.done() else None

@@ -1,0 +1,126 @@
+"""A host's two series (check, copy) on the loop's clock: one timer per series while something
+may be due there, and the windows they open.
+
+The scheduler decides what a window does; this only opens windows when the scheduler says they
+are due (a series with nothing due sleeps, timerless: a quiet host costs no CPU), and, for a
+host shared with a fleet, claims each window from the fleet first. What a window decided goes
+to ``opened``, which carries it out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from kuikproxy.core.scheduler import HostScheduler
+from kuikproxy.core.tickets import Operation, WindowResult
+from kuikproxy.core.windows import Outcome, Series
+from kuikproxy.runtime.fleet import FleetLink
+from kuikproxy.runtime.services import Services
+
+log = logging.getLogger(__name__)
+
+
+class SeriesTimers:
+    def __init__(
+        self,
+        name: str,
+        scheduler: HostScheduler,
+        services: Services,
+        *,
+        opened: Callable[[Operation, WindowResult], None],
+        block: Callable[[float], None],
+        live: Callable[[], bool],
+    ) -> None:
+        self.name = name
+        self.scheduler = scheduler
+        self.services = services
+        self.opened = opened  # carries out what a window decided
+        self.block = block  # puts a block the fleet knows of on the host
+        self.live = live  # whether the host is still the pacer's (not let go by a reload)
+        self.fleet: FleetLink | None = None  # set while the host is shared with a fleet
+        self.armed: dict[Operation, asyncio.TimerHandle] = {}
+        self.arm(Operation.CHECK)
+        self.arm(Operation.COPY)
+
+    def series(self, operation: Operation) -> Series:
+        s = self.scheduler
+        return s.check_series if operation is Operation.CHECK else s.copy_series
+
+    def arm(self, operation: Operation) -> None:
+        """Set the series' timer at its next window while something may be due there; with
+        nothing due it sleeps, timerless, until :meth:`wake`."""
+        loop = self.services.loop
+        old = self.armed.pop(operation, None)
+        if old is not None:
+            old.cancel()
+        at = self.scheduler.next_due(operation, loop.time())
+        if at is not None:
+            self.armed[operation] = loop.call_at(at, self.window, operation)
+
+    def wake(self, operation: Operation) -> None:
+        """Something may have become due on a sleeping series: its timer, at its next window
+        on its grid (P1); the windows it slept through were idle."""
+        if operation not in self.armed and self.scheduler.has_due(operation):
+            self.arm(operation)
+
+    def close(self) -> None:
+        for timer in self.armed.values():
+            timer.cancel()
+        self.armed.clear()
+
+    def window(self, operation: Operation) -> None:
+        self.armed.pop(operation, None)  # it fired: armed again below, if it must be
+        fleet, loop = self.fleet, self.services.loop
+        if fleet is None or not self.scheduler.has_due(operation):
+            self.open(operation, loop.time())
+            return
+        # a window with something due, on a fleet's grid: claimed first; the next one is armed
+        # now, so a slow answer from the fleet never shifts the grid
+        series = self.series(operation)
+        at = series.next_window()
+        self.armed[operation] = loop.call_at(at + series.interval, self.window, operation)
+        self.services.spawn(self.fleet_window(operation, series.index(at)))
+
+    async def fleet_window(self, operation: Operation, index: int) -> None:
+        fleet, series = self.fleet, self.series(operation)
+        assert fleet is not None
+        if fleet.connected and not fleet.aligned(self.name, operation, series):
+            # not on the fleet's grid yet (the store was away): take it, and skip this window,
+            # whose index was counted on this proxy's own grid
+            await fleet.align(self.name, operation, series)
+            self.arm(operation)
+            return
+        mine = await fleet.may_use(self.name, operation, index, series.interval, self.block)
+        if series.fired >= index or not self.live():
+            return  # a later window fired meanwhile, or the host is gone (a reload)
+        now = self.services.loop.time()
+        if mine:
+            self.open(operation, now)
+        else:
+            self.observe(operation, self.scheduler.lose_window(operation, now, Outcome.FLEET), now)
+
+    async def align(self) -> None:
+        """Both series on the fleet's grid (at start, and after a reload changed an interval)."""
+        fleet = self.fleet
+        if fleet is None:
+            return
+        for operation in (Operation.CHECK, Operation.COPY):
+            await fleet.align(self.name, operation, self.series(operation))
+            self.arm(operation)
+
+    def open(self, operation: Operation, now: float) -> None:
+        s = self.scheduler
+        result = s.check_window(now) if operation is Operation.CHECK else s.copy_window(now)
+        self.arm(operation)
+        self.observe(operation, result, now)
+        self.opened(operation, result)
+
+    def observe(self, operation: Operation, result: WindowResult, now: float) -> None:
+        for observe in self.services.observers:
+            observe(self.name, operation, result, now - result.at)
+        log.debug(
+            "%s %s window: %s (%.1f ms late)",
+            self.name, operation, result.outcome, (now - result.at) * 1000,
+        )  # fmt: skip

@@ -1,0 +1,48 @@
+"""What every host's runtime shares, handed to it by the pacer rather than reached for.
+
+A host's parts (:mod:`~kuikproxy.runtime.host` and what it is made of) see the process through
+this one object: the loop, the config and flow control in force, the registries, the kept
+answers, the census, the sweeps, the state file, the fleet and the window observers — nothing
+of the pacer itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from kuikproxy.config import Config
+from kuikproxy.core.limits import Census
+from kuikproxy.core.tickets import Operation, WindowResult
+from kuikproxy.runtime.durable import Durable
+from kuikproxy.runtime.fleet import FleetLink
+from kuikproxy.runtime.flow import FlowGate
+from kuikproxy.runtime.kept import KeptAnswers
+from kuikproxy.runtime.sweeps import Sweeps
+from kuikproxy.upstream.registries import Registries
+
+# told of every window: the host, its series, what it did, and how late it opened (seconds)
+WindowObserver = Callable[[str, Operation, WindowResult, float], None]
+
+
+@dataclass(eq=False, slots=True)
+class Services:
+    loop: asyncio.AbstractEventLoop
+    config: Config  # the config in force: a reload swaps it (P12)
+    registries: Registries
+    flow: FlowGate  # the flow control in force (§10): a reload may swap it
+    kept: KeptAnswers
+    census: Census
+    sweeps: Sweeps
+    durable: Durable | None  # where the pacing state survives restarts (P13), if anywhere
+    fleet: FleetLink | None  # the proxies this one shares registries' budgets with, if any
+    observers: list[WindowObserver] = field(default_factory=list)
+    # every task the runtime started, cancelled and awaited at shutdown
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)

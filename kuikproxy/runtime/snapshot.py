@@ -1,0 +1,144 @@
+"""The pacing state at one moment, as ``/status``, ``/metrics`` and the status page show it.
+
+:func:`snapshot` reads the runtime once, on the event loop, into a :class:`Snapshot`; every
+renderer works from that alone (the JSON document and the metrics text in a worker thread), so
+the four views of kuikproxy — ``/status``, ``kuikproxy status`` (which renders ``/status``),
+``/metrics`` and ``/`` — can never disagree on what they read, nor read it twice. What is costly
+to read is read only when asked for: the rings and copy queues of ``resources``, the hosts of
+``hosts``, the quotas, the rings' series of a scrape, the cursors' places of the page, the
+window log — so that each view costs what it shows, not what the proxy holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from kuikproxy.core.flowcontrol import LevelView
+from kuikproxy.core.quota import QuotaSnapshot
+from kuikproxy.core.scheduler import HostScheduler
+from kuikproxy.core.tickets import Operation
+from kuikproxy.core.views import HostView
+from kuikproxy.runtime.fleet import FleetView
+from kuikproxy.runtime.pacer import Pacer
+from kuikproxy.runtime.windowlog import WindowLog
+
+RingStat = tuple[str, int, float | None]
+"""A ring as a scrape reads it: (resource, images, cycleDuration)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeptStats:
+    """The kept answers' counts (``/status.cache``)."""
+
+    entries: int
+    bytes: int
+    hits: int
+    misses: int
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The runtime at ``now`` (loop time); ``wall_offset`` turns loop time into wall time, for
+    display only. Parts that were not asked of :func:`snapshot` are empty."""
+
+    now: float
+    wall_offset: float
+    started: float
+    views: dict[str, HostView]  # the hosts viewed, in host order
+    hosts_total: int  # hosts with state, viewed or not
+    resources_total: int  # resources with state, whether their rings are in ``views`` or not
+    quotas: dict[str, QuotaSnapshot]  # every host's, when asked for
+    levels: tuple[LevelView, ...]  # flow control's priority levels (§10)
+    server_concurrency_limit: int
+    fleet: FleetView | None  # None: this proxy paces alone
+    refused: dict[str, dict[str, int]]  # host → reason → count, for hosts with state (§12)
+    refused_elsewhere: dict[str, int]  # reason → count, for what no host's state answers for
+    kept: KeptStats
+    ring_stats: list[tuple[str, list[RingStat]]]  # host → its rings, for a scrape
+    progress: dict[tuple[str, str], tuple[int | None, int]]  # (host, resource) → (place, waiting)
+    recent: dict[tuple[str, Operation], list[tuple[float, str]]]  # the viewed hosts' windows
+
+
+def snapshot(
+    pacer: Pacer,
+    now: float,
+    *,
+    resources: Collection[str] = (),
+    hosts: Collection[str] | None = None,
+    quotas: bool = True,
+    ring_stats: int = 0,
+    progress: int = 0,
+    log: WindowLog | None = None,
+) -> Snapshot:
+    """The runtime at ``now``: the views of ``hosts`` (None: every host), each with the rings
+    and copy queues of ``resources`` only; every host's quota unless ``quotas`` is False; the
+    first ``ring_stats`` rings' sizes and laps, host by host (a scrape's per-ring series); with
+    ``progress``, the cursor's place in each ring viewed, counting no more than that many
+    images of hold rings in all (past it a ring has no place); with ``log``, the recent windows
+    of the hosts viewed."""
+    views = pacer.views(now, resources, hosts)
+    # the schedulers' map only where it is needed: it costs a sort of every host
+    schedulers = pacer.hosts if hosts is not None or progress else {}
+    fleet, kept = pacer.fleet, pacer.kept
+    return Snapshot(
+        now=now,
+        wall_offset=pacer.wall_offset,
+        started=pacer.started,
+        views=views,
+        hosts_total=len(schedulers) if hosts is not None else len(views),
+        resources_total=len(pacer.census),
+        quotas=pacer.quotas(now) if quotas else {},
+        levels=pacer.levels(),
+        server_concurrency_limit=pacer.flow.settings.server_concurrency_limit,
+        fleet=None if fleet is None else fleet.view(),
+        refused=pacer.refusals(),
+        refused_elsewhere=dict(pacer.refused.counts),
+        kept=KeptStats(len(kept), kept.bytes, kept.hits, kept.misses),
+        ring_stats=_ring_stats(pacer, ring_stats),
+        progress=_progress(views, schedulers, progress),
+        recent={} if log is None else _recent(log, views),
+    )
+
+
+def _ring_stats(pacer: Pacer, limit: int) -> list[tuple[str, list[RingStat]]]:
+    """The first ``limit`` rings, host by host: past that many series of one target, a
+    Prometheus is past what it is comfortable with, and copying them holds the loop."""
+    if not limit:  # not even the hosts' sort
+        return []
+    shown, taken = 0, []
+    for host, stats in pacer.ring_stats():
+        if shown >= limit:
+            break
+        few = list(itertools.islice(stats, limit - shown))
+        shown += len(few)
+        taken.append((host, few))
+    return taken
+
+
+def _progress(
+    views: dict[str, HostView], schedulers: dict[str, HostScheduler], budget: int
+) -> dict[tuple[str, str], tuple[int | None, int]]:
+    """Each viewed ring's cursor place and waiting requests, for the page's lap bars; once
+    ``budget`` images of hold rings are counted, the next ones get no place."""
+    if not budget:
+        return {}
+    progress = {}
+    for host, view in views.items():
+        for ring in view.rings:
+            position, waiting = schedulers[host].ring_progress(ring.resource, budget)
+            if position is not None:
+                budget -= ring.images  # an upper bound of what was counted
+            progress[(host, ring.resource)] = (position, waiting)
+    return progress
+
+
+def _recent(
+    log: WindowLog, views: dict[str, HostView]
+) -> dict[tuple[str, Operation], list[tuple[float, str]]]:
+    return {
+        (host, operation): log.recent(host, operation)
+        for host in views
+        for operation in (Operation.CHECK, Operation.COPY)
+    }

@@ -1,0 +1,70 @@
+"""What kuikproxy shows of itself over HTTP: ``/status`` and its schema (SPEC §8), ``/metrics``
+(SPEC §9). (``/``, the page for a person, is :mod:`kuikproxy.web.page`.)
+
+Each takes one :class:`~kuikproxy.runtime.snapshot.Snapshot` on the event loop, costing what it
+shows, and builds and dumps its document in a worker thread: with a thousand hosts that is tens
+of milliseconds the loop must not wait for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from kuikproxy.runtime.snapshot import snapshot
+from kuikproxy.web.keys import METRICS, PACER, RELOADER
+from kuikproxy.web.status import (
+    DEFAULT_PAGE,
+    MAX_PAGE,
+    Clock,
+    ConfigStatus,
+    Status,
+    build_status,
+    resource_page,
+)
+
+
+async def metrics_page(request: web.Request) -> web.StreamResponse:
+    """``/metrics`` (SPEC §9), Prometheus text format."""
+    body = await request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def status_schema(request: web.Request) -> web.StreamResponse:
+    """The JSON Schema of ``/status`` (SPEC §8), from the same pydantic models."""
+    return web.json_response(Status.model_json_schema(by_alias=True))
+
+
+async def status(request: web.Request) -> web.StreamResponse:
+    """``/status`` (SPEC §8), narrowed by ``?resource=`` and ``?registry=``; resources come a
+    page at a time (``?after=``, ``?limit=``), so that no status holds the loop for long."""
+    pacer = request.app[PACER]
+    query = request.query
+    try:
+        limit = int(query.get("limit", DEFAULT_PAGE))
+    except ValueError:
+        raise web.HTTPBadRequest(text="limit: not a number") from None
+    page = resource_page(
+        pacer.census,
+        resource=query.get("resource"),
+        after=query.get("after"),
+        limit=min(max(limit, 1), MAX_PAGE),
+    )
+    registry = query.get("registry")
+    # ?registry= shows one host: the others are not viewed at all
+    hosts = None if registry is None else (registry,)
+    snap = snapshot(pacer, pacer.loop.time(), resources=page.names, hosts=hosts)
+    loaded, clock = request.app[RELOADER].loaded, Clock(snap.wall_offset)
+    # copied now: a reload changes it in place
+    config = ConfigStatus(
+        generation=loaded.generation, loadedAt=clock.rfc3339(loaded.at), lastError=loaded.error
+    )
+
+    def document() -> str:
+        return build_status(snap, config=config, page=page, registry=registry).model_dump_json(
+            by_alias=True
+        )
+
+    return web.json_response(text=await asyncio.to_thread(document))

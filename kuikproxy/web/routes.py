@@ -1,0 +1,164 @@
+"""The routes, and the registry read path's edge: parse, classify, render.
+
+A registry read goes: parse the path → find the host → classify (resource, operation) →
+:meth:`Pacer.read <kuikproxy.runtime.pacer.Pacer.read>` → render what it yields (a whole answer,
+or the registry's answer streamed). Errors kuikproxy makes are OCI error bodies (§12); anything
+unexpected is logged and answered 500, never allowed to take the process down.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from kuikproxy.config import Config, RegistrySettings
+from kuikproxy.errors import InternalError, NotFound, RegistryError, Unsupported
+from kuikproxy.runtime.messages import Reply, forwarded
+from kuikproxy.web.classify import Located, Target, auth_key, classify
+from kuikproxy.web.keys import CURRENT, FORWARDING, METRICS, PACER
+from kuikproxy.web.observe import metrics_page, status, status_schema
+from kuikproxy.web.oci import API_VERSION, error_response
+from kuikproxy.web.page import status_page
+from kuikproxy.web.proxying import ProxyRequests
+from kuikproxy.web.relay import answer_response, relocate, stream
+
+log = logging.getLogger(__name__)
+
+STALE_WARNING = '110 - "Response is Stale"'  # RFC 7234 §5.5.1, as §11 asks
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+async def registry(request: web.Request) -> web.StreamResponse:
+    """Every ``/v2/`` route, in one function on purpose: a held request pays for every
+    coroutine frame it sits in (errors are caught here rather than in a middleware for the same
+    reason). The ``finally`` counts the answer (``kuik_proxy_requests_total``)."""
+    host, operation, cache = "-", "-", "none"  # the metric's labels, as far as they are known
+    response: web.StreamResponse | None = None
+    pacer = request.app[PACER]
+    try:
+        current = request.app[CURRENT]  # read once: a reload swaps it whole
+        located, proxy_authorization = locate(request)
+        target = located.target
+        host, config = target.host, current.config
+        ns = host if target.by_ns else None  # answered with OCI-Namespace (§3)
+        if request.method not in READ_METHODS:
+            response = await write_through(request, located, config)
+        elif located.image is None:  # the /v2/ ping
+            response = await ping(request, target, config.registry(host))
+        else:
+            read = classify(
+                request,
+                located.image,
+                located.query,
+                config,
+                pacer.flow,
+                paced=config.registry(host).paced,
+                proxy_authorization=proxy_authorization,
+                signer=pacer.signer(host),
+            )
+            operation, cache = read.operation.value.capitalize(), "miss"
+            async with pacer.read(read) as reply:
+                cache = "hit" if reply.hit else "miss"
+                response = await render(request, reply, ns)
+    except RegistryError as error:
+        log.debug("%s %s: %s", request.method, request.path[:200], error.message)
+        pacer.refused_now(None if host == "-" else host, error)
+        response = error_response(error)
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path[:200])
+        response = error_response(InternalError("internal error in kuikproxy"))
+    finally:
+        code = "cancelled" if response is None else str(response.status)
+        request.app[METRICS].answered(host, operation, code, cache)
+    return response
+
+
+def locate(request: web.Request) -> tuple[Located, str | None]:
+    """Where a request goes and what it reads (§3), and the ``Proxy-Authorization`` it came
+    through the forward proxy with, if it did."""
+    # from the raw line, not request.query: that one would stay cached on a held request
+    url, write = request.rel_url, request.method not in READ_METHODS
+    query, via = url.raw_query_string, None
+    forwarding = request.app[FORWARDING]
+    if forwarding is not None and (via := forwarding.via(request)) is not None:
+        # a request that came through the proxy names its registry like ?ns= does (§13)
+        query = f"ns={via.host}&{query}" if query else f"ns={via.host}"
+    located = request.app[CURRENT].locator.locate(url.raw_path, query, request.host, write)
+    return located, None if via is None else via.proxy_authorization
+
+
+async def render(request: web.Request, reply: Reply, ns: str | None) -> web.StreamResponse:
+    """What the runtime gave a read, to its client: whole, or streamed as it arrives."""
+    if reply.opened is not None:
+        return await stream(request, reply.opened, ns)
+    assert reply.answer is not None
+    response = answer_response(request, reply.answer, ns)
+    if reply.stale:
+        response.headers["Warning"] = STALE_WARNING
+    return response
+
+
+async def write_through(
+    request: web.Request, located: Located, config: Config
+) -> web.StreamResponse:
+    """A write to a host kuik owns (``paced: false``): passed through with its body streamed;
+    upload locations pointed back through kuikproxy the way the client addressed it."""
+    target = located.target
+    if config.registry(target.host).paced:
+        raise Unsupported(f"{request.method}: kuikproxy only reads {target.host} (it is paced)")
+    headers = forwarded(request.headers)
+    if request.headers.get("Content-Length"):
+        headers = (*headers, ("Content-Length", request.headers["Content-Length"]))
+    body = request.content.iter_any() if request.body_exists else None
+    ns = target.host if target.by_ns else None
+    async with request.app[PACER].write(
+        target.host,
+        method=request.method,
+        path=f"/v2/{target.route.repository}",
+        query=[(k, v) for k, v in located.query if k != "ns"],
+        headers=headers,
+        body=body,
+        relocate=lambda base: relocate(target, base),
+    ) as opened:
+        return await stream(request, opened, ns)
+
+
+async def ping(
+    request: web.Request, target: Target, settings: RegistrySettings
+) -> web.StreamResponse:
+    """``/v2/``: unpaced, the registry's answer (200, or 401 and its challenge) kept 60 s.
+
+    A bare ``/v2/`` names no registry (it is ``defaultRegistry``'s): path-prefix mirrors
+    (podman, skopeo) ask it before every pull and skip the mirror unless it answers 200 or 401,
+    so when that registry cannot answer, kuikproxy does rather than make every other registry
+    unusable through the mirror."""
+    pacer = request.app[PACER]
+    sent, timeout = forwarded(request.headers), settings.check.timeout or None
+    try:
+        answer = await pacer.ping(target.host, auth_key(request), sent, timeout)
+    except RegistryError:
+        if not target.by_default:
+            raise
+        return web.json_response({}, headers=dict([API_VERSION]))
+    return answer_response(request, answer, target.host if target.by_ns else None)
+
+
+async def not_found(request: web.Request) -> web.StreamResponse:
+    return error_response(NotFound(f"no such route {request.path[:200]!r}"))
+
+
+async def healthz(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"status": "ok"})
+
+
+def add_routes(router: web.UrlDispatcher, *, forward: bool) -> None:
+    router.register_resource(ProxyRequests(forward=forward))
+    router.add_get("/healthz", healthz)
+    router.add_get("/readyz", healthz)
+    router.add_get("/", status_page)
+    router.add_get("/status", status)
+    router.add_get("/status/schema", status_schema)
+    router.add_get("/metrics", metrics_page)
+    router.add_route("*", "/v2{tail:.*}", registry)
+    router.add_route("*", "/{tail:.*}", not_found)
