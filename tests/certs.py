@@ -33,6 +33,10 @@ def cert_pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
+def cert_der(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.DER)
+
+
 def _alt_names(ips: Sequence[str], dns: Sequence[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(
         [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
@@ -76,6 +80,11 @@ def certificate(
 
 def new_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
+
+
+def rsa_key() -> rsa.RSAPrivateKey:
+    """An RSA key, for what wants one (RS256 tokens, the way registries' token servers sign)."""
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:

@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 
 class SeriesTimers:
+    """One host's check and copy series on the loop."""
+
     def __init__(
         self,
         name: str,
@@ -40,6 +42,7 @@ class SeriesTimers:
         self.block = block  # puts a block the fleet knows of on the host
         self.live = live  # whether the host is still the pacer's (not let go by a reload)
         self.fleet: FleetLink | None = None  # set while the host is shared with a fleet
+        # a series' timer while something may be due there; a series with none sleeps
         self.armed: dict[Operation, asyncio.TimerHandle] = {}
         self.arm(Operation.CHECK)
         self.arm(Operation.COPY)

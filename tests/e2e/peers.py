@@ -49,10 +49,8 @@ from typing import Any, Self
 import jwt
 import yaml
 from aiohttp import web
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.certs import certificate
+from tests.certs import cert_der, cert_pem, certificate, rsa_key
 
 LOOPBACK = "127.0.0.1"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -529,7 +527,7 @@ class TokenServer(ThreadedServer):
     ) -> None:
         self.users, self.acl, self.service, self.issuer = dict(users), tuple(acl), service, issuer
         self.issued: list[IssuedToken] = []
-        self._key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        self._key = rsa_key()
         self._cert = certificate(
             issuer,
             self._key,
@@ -539,8 +537,8 @@ class TokenServer(ThreadedServer):
         )
         workdir.mkdir(parents=True, exist_ok=True)
         self.cert_file = workdir / "token-ca.pem"
-        self.cert_file.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
-        self._x5c = base64.b64encode(self._cert.public_bytes(serialization.Encoding.DER)).decode()
+        self.cert_file.write_bytes(cert_pem(self._cert))
+        self._x5c = base64.b64encode(cert_der(self._cert)).decode()
 
     @property
     def realm(self) -> str:

@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio
-from cryptography.hazmat.primitives import serialization
 
 from kuikproxy.core.quota import SharedBucket
 from kuikproxy.fleet import redis as redis_fleet
 from kuikproxy.fleet.backend import FleetUnavailable
 from kuikproxy.fleet.redis import RedisFleet
-from tests.certs import Authority
+from tests.certs import Authority, cert_pem
 from tests.fleet.conftest import FleetFactory, RedisServer, TlsFiles
 
 HOST = "registry.test:5000"
@@ -342,7 +341,7 @@ async def test_tls_with_a_ca_file(
     authority = Authority()
     files = TlsFiles(tmp_path / "redis.crt", tmp_path / "redis.key", tmp_path / "ca.crt")
     authority.issue(files.cert, files.key, "redis")
-    files.ca.write_bytes(authority.cert.public_bytes(serialization.Encoding.PEM))
+    files.ca.write_bytes(cert_pem(authority.cert))
     server = redis_server_factory(tls=files)
     assert server.url.startswith("rediss://")
     trusted = await fleet("a", url=server.url, tls_ca_file=str(files.ca))

@@ -5,6 +5,11 @@ absolute URIs, ``CONNECT``), and well-behaved test servers cannot misbehave on p
 module has both ends: :func:`exchange` writes bytes exactly as given and parses what comes back,
 and :class:`RawServer` is a registry on 127.0.0.1 made of plain asyncio streams whose answer to
 each request is a coroutine of the test's choosing.
+
+It is not tests/upstream_app.py's Registry on purpose: an aiohttp app cannot answer with
+malformed heads, wrong lengths, resets or stalls mid-body, which is what the hostile-upstream
+and fault tests need; its well-behaved answers use the shared registry's content
+(:func:`tests.upstream_app.manifest_of`).
 """
 
 from __future__ import annotations

@@ -18,15 +18,21 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
-from tests.upstream_app import digest_of
-from tests.web.token_registry import TokenRegistry, storage_app
+from tests.upstream_app import Auth, Registry, blob_of
 
 pytestmark = pytest.mark.looptime
 
 HOST = "registry.test"
+USERS = {"alice": "s3cret"}
 ALICE = "Basic " + base64.b64encode(b"alice:s3cret").decode()
 
-Start = Callable[..., Awaitable[tuple[TestClient[Any, Any], TokenRegistry]]]
+Start = Callable[..., Awaitable[tuple[TestClient[Any, Any], Registry]]]
+
+
+@pytest.fixture
+def storage() -> Registry:
+    """Where the registry sends blobs: another origin."""
+    return Registry()
 
 
 @pytest.fixture
@@ -34,21 +40,22 @@ def start(
     aiohttp_server: Callable[..., Awaitable[TestServer]],
     aiohttp_client: Callable[..., Awaitable[TestClient[Any, Any]]],
     tmp_path: Path,
+    storage: Registry,
 ) -> Start:
-    """A token registry (and blob storage on another origin) with kuikproxy before it;
+    """A token registry (and blob storage on another origin, ``storage``) with kuikproxy
+    before it;
     ``credentials`` is kuikproxy's own: ``"file"`` (user + password file), ``"docker"`` (a
     Docker config.json) or None; ``quota`` is the host's ``quota`` block, as YAML."""
 
     async def run(
         credentials: str | None = None, scheme: str = "bearer", quota: str | None = None
-    ) -> tuple[TestClient[Any, Any], TokenRegistry]:
-        fake = TokenRegistry(scheme=scheme)
-        storage_seen: list[tuple[str, str, str | None]] = []
-        storage = await aiohttp_server(storage_app(storage_seen))
-        fake.storage_port = storage.port
-        fake.storage_seen = storage_seen  # type: ignore[attr-defined]
+    ) -> tuple[TestClient[Any, Any], Registry]:
+        store = await aiohttp_server(storage.app())
+        fake = Registry(
+            auth=Auth(USERS, bearer=scheme == "bearer"),
+            blobs_at=f"http://127.0.0.1:{store.port}/storage",
+        )
         server = await aiohttp_server(fake.app())
-        fake.port = server.port
         block = f"upstream: http://127.0.0.1:{server.port}\n    check: {{interval: 10ms}}\n"
         block += "    copy: {interval: 10ms, idle: 0s}\n"
         if credentials == "file":
@@ -62,7 +69,7 @@ def start(
         if quota is not None:
             block += f"    quota: {quota}\n"
         # the storage a blob redirects to is on loopback: followed only as a configured endpoint
-        storage_host = f"  storage.test:\n    upstream: http://127.0.0.1:{storage.port}\n"
+        storage_host = f"  storage.test:\n    upstream: http://127.0.0.1:{store.port}\n"
         app = build_app(parse_config(f"registries:\n  {HOST}:\n    {block}{storage_host}"))
         client = await aiohttp_client(app, server_kwargs={"handler_cancellation": True})
         return client, fake
@@ -95,7 +102,7 @@ async def test_tokens_are_kept_per_scope_so_the_registry_sees_no_second_challeng
     client, fake = await start("file")
     for ref in ("v1", "v2", "v3"):
         assert (await manifest(client, "private/app", ref)).status == 200
-    unsigned = [s for s in fake.seen if s[2] is None]
+    unsigned = [s for s in fake.seen if s.authorization is None]
     assert len(unsigned) == 1
     assert len(fake.token_requests) == 1
 
@@ -110,7 +117,7 @@ async def test_without_credentials_kuikproxy_signs_in_anonymously_for_public_ima
     second = await manifest(client, "public/app", **{"Kuik-Resource": "b"})
     assert first.status == second.status == 200
     assert fake.token_requests == [("repository:public/app:pull", None)]
-    assert len([s for s in fake.seen if "/manifests/" in s[1]]) == 2  # the 401, then the read
+    assert len([s for s in fake.seen if "/manifests/" in s.path]) == 2  # the 401, then the read
 
 
 @pytest.mark.parametrize(("credentials", "repo"), [(None, "public"), ("file", "private")])
@@ -163,7 +170,7 @@ async def test_r5_a_clients_own_authorization_passes_through_and_is_never_shared
     client, fake = await start(scheme="basic")
     mine = await manifest(client, "private/app", **{"Authorization": ALICE, "Kuik-Resource": "a"})
     assert mine.status == 200
-    assert fake.seen[-1][2] == ALICE
+    assert fake.seen[-1].authorization == ALICE
     again = await manifest(client, "private/app", **{"Authorization": ALICE, "Kuik-Resource": "b"})
     assert again.status == 200
     assert len(fake.seen) == 1  # served from the kept answer, same Authorization
@@ -180,7 +187,7 @@ async def test_basic_challenge_answered_with_own_credentials(start: Start) -> No
     client, fake = await start("file", scheme="basic")
     assert (await manifest(client, "private/app", "v1")).status == 200
     assert (await manifest(client, "private/app", "v2")).status == 200
-    assert [s[2] is None for s in fake.seen] == [True, False, False]
+    assert [s.authorization is None for s in fake.seen] == [True, False, False]
 
 
 async def test_ping_answers_for_kuikproxy_where_it_holds_credentials(start: Start) -> None:
@@ -195,20 +202,19 @@ async def test_ping_answers_for_kuikproxy_where_it_holds_credentials(start: Star
 
 
 async def test_blob_redirect_is_followed_without_authorization_to_another_origin(
-    start: Start,
+    start: Start, storage: Registry
 ) -> None:
     """A registry that redirects a blob to storage on another origin: kuikproxy follows the
     redirect itself and never sends the registry's Authorization there."""
     client, fake = await start("file")
-    digest = digest_of(b"layer-bytes")  # what the storage serves: kuikproxy checks it
+    digest = blob_of(b"layer-bytes")  # what the storage serves: kuikproxy checks it
     response = await client.get(f"/v2/private/app/blobs/{digest}?ns={HOST}")
     assert response.status == 200
     assert await response.read() == b"layer-bytes"
-    storage_seen = fake.storage_seen  # type: ignore[attr-defined]
-    assert [(path, auth) for _, path, auth in storage_seen] == [
+    assert [(s.path, s.authorization) for s in storage.seen] == [
         (f"/storage/v2/private/app/blobs/{digest}", None)
     ]
-    assert any(auth is not None for _, path, auth in fake.seen if "/blobs/" in path)
+    assert any(s.authorization is not None for s in fake.seen if "/blobs/" in s.path)
 
 
 async def test_logs_say_each_upstream_request_and_never_a_credential(

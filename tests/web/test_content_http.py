@@ -50,6 +50,9 @@ class Lie:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+# Not tests/upstream_app.py's Registry: that one is content-addressed (what it serves by digest
+# is that digest's content, and it says so); this one's whole job is to lie about it, one lie
+# per path, which would turn the shared registry's every answer into a special case.
 @dataclass
 class LyingRegistry:
     lies: dict[str, Lie] = field(default_factory=dict)  # reference → answer

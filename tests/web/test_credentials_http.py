@@ -1,12 +1,13 @@
 """R5 on every path an answer travels: nobody is given what was read with another's credentials.
 
-The registry here has one private repository. ``alice`` may read it, ``bob`` is a valid user
-who may not (403), an anonymous client is challenged (401), and kuikproxy's own credentials
-(``carol``, when the host has them) may read it too. Every answer sets a cookie naming whom it
-was for. For each path — requests waiting together for one read (R2), a kept answer (R1), the
-``/v2/`` ping, a follow-up (P10), a copy's manifest and blobs, a fleet's shared answers — and
-for every ordered pair of identities, each client must get exactly the verdict the registry
-gives its own credentials, and never another client's cookie.
+The registry here (tests/upstream_app.py, with Basic auth) has one private repository.
+``alice`` may read it, ``bob`` is a valid user who may not (403), an anonymous client is
+challenged (401), and kuikproxy's own credentials (``carol``, when the host has them) may read
+it too. Every answer sets a cookie naming whom it was for. For each path — requests waiting
+together for one read (R2), a kept answer (R1), the ``/v2/`` ping, a follow-up (P10), a copy's
+manifest and blobs, a fleet's shared answers — and for every ordered pair of identities, each
+client must get exactly the verdict the registry gives its own credentials, and never another
+client's cookie.
 """
 
 from __future__ import annotations
@@ -16,18 +17,17 @@ import base64
 import itertools
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
 from kuikproxy.fleet.memory import FleetState, MemoryFleet
-from tests.upstream_app import MANIFEST_TYPE, digest_of
+from tests.upstream_app import Auth, Registry, blob_of, digest_of, manifest_of
 
 pytestmark = pytest.mark.looptime
 
@@ -35,10 +35,10 @@ HOST = "registry.test"
 REPO = "private/app"
 USERS = {"alice": "a-pass", "bob": "b-pass", "carol": "c-pass"}
 READERS = {"alice", "carol"}  # who may read the private repository
-MANIFEST = b'{"schemaVersion":2,"mediaType":"' + MANIFEST_TYPE.encode() + b'","layers":[]}'
+MANIFEST = manifest_of(REPO, "v1")
 MANIFEST_DIGEST = digest_of(MANIFEST)
 BLOB = b"private layer bytes" * 100
-BLOB_DIGEST = digest_of(BLOB)
+BLOB_DIGEST = blob_of(BLOB)
 IDENTITIES = ("alice", "bob", "anon")
 
 Client = TestClient[Any, Any]
@@ -51,75 +51,12 @@ def authorization(identity: str) -> dict[str, str]:
     return {"Authorization": f"Basic {token}"}
 
 
-@dataclass
-class PrivateRegistry:
+def private_registry() -> Registry:
     """Basic auth; answers per identity, each with a cookie naming it."""
-
-    seen: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, identity
-    cookies: itertools.count[int] = field(default_factory=itertools.count)
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/v2/", self.ping)
-        app.router.add_route("*", "/v2/{name:.+}/manifests/{reference}", self.manifest)
-        app.router.add_route("*", "/v2/{name:.+}/blobs/{digest}", self.blob)
-        return app
-
-    def identity(self, request: web.Request) -> str:
-        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "basic":
-            return "anon"
-        user, _, password = base64.b64decode(value).decode().partition(":")
-        return user if USERS.get(user) == password else "invalid"
-
-    def cookie(self, who: str) -> dict[str, str]:
-        return {"Set-Cookie": f"session={who}-{next(self.cookies)}"}
-
-    def verdict(self, request: web.Request) -> tuple[str, web.Response | None]:
-        who = self.identity(request)
-        self.seen.append((request.method, request.path, who))
-        if who in ("anon", "invalid"):
-            body = {"errors": [{"code": "UNAUTHORIZED", "message": "authentication required"}]}
-            headers = {"WWW-Authenticate": 'Basic realm="test"', **self.cookie(who)}
-            return who, web.json_response(body, status=401, headers=headers)
-        if who not in READERS:
-            body = {"errors": [{"code": "DENIED", "message": "requested access is denied"}]}
-            return who, web.json_response(body, status=403, headers=self.cookie(who))
-        return who, None
-
-    async def ping(self, request: web.Request) -> web.Response:
-        who, refused = self.verdict(request)
-        if refused is not None and refused.status == 401:
-            return refused
-        return web.json_response({}, headers=self.cookie(who))  # any valid user may ping
-
-    async def manifest(self, request: web.Request) -> web.Response:
-        who, refused = self.verdict(request)
-        if refused is not None:
-            return refused
-        reference = request.match_info["reference"]
-        if reference.startswith("sha256:") and reference != MANIFEST_DIGEST:
-            return web.json_response({"errors": [{"code": "MANIFEST_UNKNOWN"}]}, status=404)
-        headers = {
-            "Content-Type": MANIFEST_TYPE,
-            "Docker-Content-Digest": MANIFEST_DIGEST,
-            "Content-Length": str(len(MANIFEST)),
-            **self.cookie(who),
-        }
-        if request.method == "HEAD":
-            return web.Response(headers=headers)
-        del headers["Content-Length"]
-        return web.Response(body=MANIFEST, headers=headers)
-
-    async def blob(self, request: web.Request) -> web.Response:
-        who, refused = self.verdict(request)
-        if refused is not None:
-            return refused
-        headers = {"Docker-Content-Digest": BLOB_DIGEST, **self.cookie(who)}
-        return web.Response(body=BLOB, content_type="application/octet-stream", headers=headers)
+    return Registry(auth=Auth(USERS, readers=READERS, cookies=True))
 
 
-Start = Callable[..., Awaitable[tuple[Client, PrivateRegistry]]]
+Start = Callable[..., Awaitable[tuple[Client, Registry]]]
 
 
 def host_block(port: int, tmp_path: Path, *, own: bool) -> str:
@@ -141,8 +78,8 @@ def start(
     aiohttp_client: Callable[..., Awaitable[Client]],
     tmp_path: Path,
 ) -> Start:
-    async def run(*, own: bool = False) -> tuple[Client, PrivateRegistry]:
-        fake = PrivateRegistry()
+    async def run(*, own: bool = False) -> tuple[Client, Registry]:
+        fake = private_registry()
         server = await aiohttp_server(fake.app())
         config = parse_config("registries:\n" + host_block(server.port, tmp_path, own=own))
         client = await aiohttp_client(
@@ -289,7 +226,7 @@ async def test_r5_a_fleet_answer_read_with_one_proxys_credentials_is_not_served_
     answer read with alice's own Authorization still serves alice on either proxy."""
     loop = asyncio.get_running_loop()
     monkeypatch.setattr(time, "time", lambda: 1.8e9 + loop.time())
-    fake = PrivateRegistry()
+    fake = private_registry()
     server = await aiohttp_server(fake.app())
     state = FleetState(clock=loop.time)
     clients = []

@@ -6,12 +6,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
 from kuikproxy.upstream.guard import AddressGuard, AddressRefused
+from tests.upstream_app import Registry
 
 pytestmark = pytest.mark.looptime
 
@@ -42,13 +42,8 @@ async def test_s3_1_redirect_to_a_metadata_address_is_refused(
     """A registry redirecting a blob to the cloud metadata address gets no request sent there:
     the client is answered 502 naming the address (its own host is allowed: what the registry
     sent kuikproxy to is what cannot be used). More such targets: test_hostile_upstream.py."""
-
-    async def redirect(request: web.Request) -> web.Response:
-        raise web.HTTPTemporaryRedirect("http://169.254.169.254/latest/meta-data/")
-
-    app = web.Application()
-    app.router.add_get("/v2/{tail:.*}", redirect)
-    server = await aiohttp_server(app)
+    fake = Registry(blobs_at="http://169.254.169.254/latest/meta-data")
+    server = await aiohttp_server(fake.app())
     text = (
         "registries:\n  registry.test:\n"
         f"    upstream: http://127.0.0.1:{server.port}\n"

@@ -7,19 +7,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
 from kuikproxy.core.images import Image
+from tests.upstream_app import Registry
 
 pytestmark = pytest.mark.looptime
 
 DIGEST = "sha256:" + "e" * 64
 
 
-Lists = Callable[[], Awaitable[tuple[TestClient[Any, Any], list[tuple[str, float]]]]]
+Lists = Callable[[], Awaitable[tuple[TestClient[Any, Any], Registry]]]
 
 
 @pytest.fixture
@@ -35,30 +35,15 @@ def lists(
 async def _start(
     aiohttp_server: Callable[..., Awaitable[TestServer]],
     aiohttp_client: Callable[..., Awaitable[TestClient[Any, Any]]],
-) -> tuple[TestClient[Any, Any], list[tuple[str, float]]]:
-    seen: list[tuple[str, float]] = []
-
-    async def tags(request: web.Request) -> web.Response:
-        seen.append((request.path_qs, asyncio.get_running_loop().time()))
-        return web.json_response({"name": request.match_info["name"], "tags": ["v1", "v2"]})
-
-    async def referrers(request: web.Request) -> web.Response:
-        seen.append((request.path_qs, asyncio.get_running_loop().time()))
-        return web.json_response(
-            {"schemaVersion": 2, "manifests": []},
-            content_type="application/vnd.oci.image.index.v1+json",
-        )
-
-    app = web.Application()
-    app.router.add_get("/v2/{name:.+}/tags/list", tags)
-    app.router.add_get("/v2/{name:.+}/referrers/{digest}", referrers)
-    server = await aiohttp_server(app)
+) -> tuple[TestClient[Any, Any], Registry]:
+    fake = Registry(tags={"app": ["v1", "v2"]})
+    server = await aiohttp_server(fake.app())
     text = (
         f"registries:\n  registry.test:\n    upstream: http://127.0.0.1:{server.port}\n"
         "    check: {interval: 200ms}\n"
     )
     client = await aiohttp_client(build_app(parse_config(text)))
-    return client, seen
+    return client, fake
 
 
 async def test_s4_1_tag_lists_and_referrers_take_check_windows(
@@ -66,7 +51,7 @@ async def test_s4_1_tag_lists_and_referrers_take_check_windows(
 ) -> None:
     """A tag list, a second page of it and a referrers list are three reads, one per check
     window, the first a full interval after start; their answers come back whole."""
-    client, seen = await lists()
+    client, fake = await lists()
     start = asyncio.get_running_loop().time()
     responses = await asyncio.gather(
         client.get("/v2/app/tags/list?ns=registry.test"),
@@ -75,6 +60,7 @@ async def test_s4_1_tag_lists_and_referrers_take_check_windows(
     )
     assert [r.status for r in responses] == [200, 200, 200]
     assert (await responses[0].json())["tags"] == ["v1", "v2"]
+    seen = [(s.path_qs, s.at) for s in fake.seen]
     assert sorted(path for path, _ in seen) == sorted(
         ["/v2/app/tags/list", "/v2/app/tags/list?n=1&last=v1", f"/v2/app/referrers/{DIGEST}"]
     )
@@ -85,11 +71,11 @@ async def test_r1_a_kept_tag_list_answers_another_resource(
     lists: Lists,
 ) -> None:
     """One resource's tag list read serves another resource at once (R1)."""
-    client, seen = await lists()
+    client, fake = await lists()
     first = await client.get("/v2/app/tags/list?ns=registry.test", headers={"Kuik-Resource": "a"})
     second = await client.get("/v2/app/tags/list?ns=registry.test", headers={"Kuik-Resource": "b"})
     assert first.status == second.status == 200
-    assert len(seen) == 1
+    assert len(fake.seen) == 1
 
 
 def test_ring_keys_of_lists_never_collide_with_images() -> None:

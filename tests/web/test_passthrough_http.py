@@ -19,6 +19,10 @@ DIGEST = "sha256:" + "d" * 64
 BLOB = bytes(range(256)) * 4
 
 
+# Not tests/upstream_app.py's Registry: that one is a read-only, content-addressed registry;
+# this destination takes writes (uploads, manifests) and records their bodies, takes them
+# under the placeholder digests the tests send without checking, and serves ranges of a blob
+# under such a digest — what a proxy passing writes through must carry untouched.
 def destination() -> tuple[web.Application, list[tuple[str, str, bytes]]]:
     """A destination registry that takes uploads the way distribution does."""
     seen: list[tuple[str, str, bytes]] = []
