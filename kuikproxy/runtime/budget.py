@@ -46,6 +46,8 @@ def quota_specs(settings: RegistrySettings) -> tuple[BucketSpec, ...]:
 class Budget:
     """One host's quota, blocks and seats."""
 
+    __slots__ = ("fleet", "loop", "name", "own_credentials", "quota", "scheduler")
+
     def __init__(
         self,
         name: str,

@@ -11,8 +11,6 @@ or parked for its window — as the scheduler decides.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Coroutine
-from typing import Any
 
 from kuikproxy.config import Config, RegistrySettings
 from kuikproxy.core.hoststate import HostPacing
@@ -24,15 +22,14 @@ from kuikproxy.errors import RegistryError, TooManyRequests
 from kuikproxy.runtime.budget import Budget
 from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
-from kuikproxy.runtime.parking import Parking
+from kuikproxy.runtime.parking import Parking, Waiter
 from kuikproxy.runtime.reads import Reader
 from kuikproxy.runtime.refusals import Refusals
 from kuikproxy.runtime.series import SeriesTimers
 from kuikproxy.runtime.services import Services
 
-# What admission hands the edge: an answer now, a go now, or the wait for its window. Not a
-# coroutine itself: a held request pays for each frame it sits in.
-Admitted = Answer | Go | Coroutine[Any, Any, Answer | Go]
+# What admission hands the read: an answer now, a go now, or a place to wait for its window.
+Admitted = Answer | Go | Waiter
 
 
 def pacing_of(settings: RegistrySettings, config: Config) -> HostPacing:
@@ -51,9 +48,12 @@ def pacing_of(settings: RegistrySettings, config: Config) -> HostPacing:
 
 
 class Host:
-    def __init__(
-        self, services: Services, host: str, origin: float, now: float, live: Callable[[], bool]
-    ) -> None:
+    __slots__ = (
+        "budget", "name", "parking", "reader", "refused", "scheduler", "services", "settings",
+        "timers",
+    )  # fmt: skip
+
+    def __init__(self, services: Services, host: str, origin: float, now: float) -> None:
         self.services = services
         self.name = host
         config = services.config
@@ -73,12 +73,9 @@ class Host:
             parking=self.parking,
             budget=self.budget,
             services=services,
-            settings=lambda: self.settings,
-            gate=lambda: services.flow,
+            settings=self.settings,
         )
-        self.timers = SeriesTimers(
-            host, s, services, opened=self.opened, block=self.budget.block, live=live
-        )
+        self.timers = SeriesTimers(host, s, services, opened=self.opened, block=self.budget.block)
         self.share(services.fleet if self.settings.fleet == "shared" else None)
         self.schedule_sweep(now)
 
@@ -97,7 +94,7 @@ class Host:
         """New settings in place (P12): a changed interval restarts its series only (its timer
         re-armed a full interval later), timeouts and everything else apply from the next
         image, no cursor moves. A host whose buckets change keeps its block."""
-        self.settings = settings
+        self.settings = self.reader.settings = settings
         old = self.scheduler.pacing
         pacing = pacing_of(settings, self.services.config)
         self.scheduler.reconfigure(pacing, now)
@@ -203,7 +200,7 @@ class Host:
         max_hold = s.pacing.max_hold
         expires = max_hold and request.operation is Operation.CHECK
         expire_at = ticket.since + max_hold if expires else None
-        return self.parking.hold(ticket, request, place, expire_at, self.held_too_long)
+        return self.parking.park(ticket, request, place, expire_at, self.held_too_long)
 
     def admitted(self, operation: Operation, now: float) -> None:
         """After a request was let in: its series wakes if it has something due now (a held

@@ -78,9 +78,7 @@ class Hosts:
         return runtime
 
     def _make(self, name: str, origin: float, now: float) -> Host:
-        host: Host | None = None
-        host = Host(self.services, name, origin, now, lambda: self._hosts.get(name) is host)
-        return host
+        return Host(self.services, name, origin, now)
 
     def restore(self, host: str, rings: dict[str, RingState], blocked_until: float | None) -> None:
         """P13: ``host``'s rings and block as saved before a restart, in loop time, before

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from types import TracebackType
 
 from yarl import URL
 
@@ -34,6 +35,7 @@ from kuikproxy.runtime.host import Admitted
 from kuikproxy.runtime.hosts import Hosts, limits_of
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.messages import Answer, Go, Headers, Opened, RegistryRequest, Reply
+from kuikproxy.runtime.parking import Waiter
 from kuikproxy.runtime.pings import Pings
 from kuikproxy.runtime.reads import send
 from kuikproxy.runtime.services import Services
@@ -43,6 +45,111 @@ from kuikproxy.upstream.registries import Registries
 
 # told how long each held read waited for its window: host, series, seconds
 WaitObserver = Callable[[str, Operation, float], None]
+
+
+class Read:
+    """One read, from admission to its end: a whole answer, or the registry's answer to stream,
+    open inside the block; a copy's request ends with it (P9).
+
+    Written out rather than made with ``asynccontextmanager``: a held request pays for every
+    frame it sits in, and a kept answer for every object made on its way (the hot path)."""
+
+    __slots__ = ("_go", "_opened", "_pacer", "_request")
+
+    def __init__(self, pacer: Pacer, request: RegistryRequest) -> None:
+        self._pacer = pacer
+        self._request = request
+        self._go: Go | None = None  # released to go upstream: ended on the way out
+        self._opened: AsyncExitStack | None = None  # the seat and the registry's answer
+
+    async def __aenter__(self) -> Reply:
+        pacer, request = self._pacer, self._request
+        if pacer._closed:
+            raise Unavailable("kuikproxy is shutting down", refusal="shutdown")
+        if not request.paced:  # a destination kuik owns (§4.3): straight through
+            return await self._open(None, seated=True)
+        if request.gate.paced_exempt and request.flow.exempt:
+            return await self._exempt()
+        if pacer.fleet is not None and request.operation is Operation.CHECK:
+            await pacer._from_fleet(request)
+        admitted = pacer.admit(request)
+        if isinstance(admitted, Answer):
+            return Reply(answer=admitted, hit=True)
+        if isinstance(admitted, Waiter):  # awaited here, in this frame: no coroutine of its own
+            loop, waiter = pacer.loop, admitted
+            held_since = loop.time()
+            cancelled = False
+            try:
+                outcome = await waiter.future
+            except asyncio.CancelledError:
+                cancelled = True
+                raise
+            finally:
+                waiter.parking.unpark(waiter, cancelled=cancelled)
+            for waited in pacer.waits:
+                waited(request.host, request.operation, loop.time() - held_since)
+            if isinstance(outcome, Answer):
+                return Reply(answer=outcome)
+            go = outcome
+        else:
+            go = admitted
+        try:
+            if request.operation is Operation.CHECK:
+                timeout = pacer._check_timeout(request.host)
+            else:
+                timeout = pacer._left(go, request.host)
+            reply = await self._open(timeout, seated=True)
+        except BaseException:
+            go.done()  # its part of the copy ends here: it never went
+            raise
+        self._go = go
+        return reply
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if self._opened is not None:
+                await self._opened.__aexit__(et, e, tb)
+        finally:
+            if self._go is not None:
+                self._go.done()
+
+    async def _open(self, timeout: float | None, *, seated: bool) -> Reply:
+        """Send the read with the host's quota and a seat (``seated``), or with a seat that
+        never waits (an exempt read, P14); the answer stays open until :meth:`__aexit__`."""
+        pacer, request = self._pacer, self._request
+        stack = AsyncExitStack()
+        try:
+            await stack.enter_async_context(
+                pacer.upstream(request) if seated else request.flow.seat()
+            )
+            opened = await stack.enter_async_context(pacer._send(request, timeout))
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._opened = stack
+        return Reply(opened=opened)
+
+    async def _exempt(self) -> Reply:
+        """A read on an ``Exempt`` priority level (kuik's webhook availability check): never
+        paced, bounded by ``check.timeout`` alone (P14). It never adds to the count of a
+        registry that said stop: while the host is blocked it is answered from a kept answer,
+        however old (marked stale), or refused with the block's remaining time (§11)."""
+        pacer, request = self._pacer, self._request
+        now = pacer.loop.time()
+        until = pacer.blocked_until(request.host, now)
+        if until is None:
+            return await self._open(pacer._check_timeout(request.host), seated=False)
+        kept = pacer.kept.find(request)
+        if kept is None:
+            raise TooManyRequests(
+                f"{request.host} asked kuikproxy to stop; no kept answer to give instead",
+                refusal="blocked",
+                detail={"host": request.host},
+                retry_after=until - now,
+            )
+        return Reply(answer=kept, hit=True, stale=True)
 
 
 class Pacer(Hosts):
@@ -93,44 +200,10 @@ class Pacer(Hosts):
 
     # -- a read ---------------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def read(self, request: RegistryRequest) -> AsyncIterator[Reply]:
-        """The life of a classified read: what to give the client, open inside the block (a
-        whole answer, or the registry's answer to stream); a copy's request ends with it."""
-        if self._closed:
-            raise Unavailable("kuikproxy is shutting down", refusal="shutdown")
-        if not request.paced:  # a destination kuik owns (§4.3): straight through
-            async with self.upstream(request), self._send(request, None) as opened:
-                yield Reply(opened=opened)
-            return
-        if request.gate.paced_exempt and request.flow.exempt:
-            async with self._exempt(request, self._check_timeout(request.host)) as reply:
-                yield reply
-            return
-        if self.fleet is not None and request.operation is Operation.CHECK:
-            await self._from_fleet(request)
-        outcome = self.admit(request)
-        if isinstance(outcome, Answer):
-            yield Reply(answer=outcome, hit=True)
-            return
-        if not isinstance(outcome, Go):
-            held_since = self.loop.time()
-            outcome = await outcome
-            for waited in self.waits:
-                waited(request.host, request.operation, self.loop.time() - held_since)
-        if isinstance(outcome, Answer):
-            yield Reply(answer=outcome)
-            return
-        try:
-            async with self.upstream(request):
-                if request.operation is Operation.CHECK:
-                    timeout = self._check_timeout(request.host)
-                else:
-                    timeout = self._left(outcome, request.host)
-                async with self._send(request, timeout) as opened:
-                    yield Reply(opened=opened)
-        finally:
-            outcome.done()
+    def read(self, request: RegistryRequest) -> Read:
+        """The life of a classified read (:class:`Read`): ``async with pacer.read(request) as
+        reply`` gives what to give the client, open inside the block."""
+        return Read(self, request)
 
     def _check_timeout(self, host: str) -> float | None:
         return self.config.registry(host).check.timeout or None
@@ -150,30 +223,6 @@ class Pacer(Hosts):
         """The registry request for a read, built once it may go (not while it waits)."""
         upstream = request.upstream(self.registries.base(request.host), timeout)
         return send(self.registries, request.host, upstream, content=content_of(request.image))
-
-    @asynccontextmanager
-    async def _exempt(
-        self, request: RegistryRequest, timeout: float | None
-    ) -> AsyncIterator[Reply]:
-        """A read on an ``Exempt`` priority level (kuik's webhook availability check): never
-        paced, bounded by ``check.timeout`` alone (P14). It never adds to the count of a
-        registry that said stop: while the host is blocked it is answered from a kept answer,
-        however old (marked stale), or refused with the block's remaining time (§11)."""
-        now = self.loop.time()
-        until = self.blocked_until(request.host, now)
-        if until is None:
-            async with request.flow.seat(), self._send(request, timeout) as opened:
-                yield Reply(opened=opened)  # a seat that never waits: counted as executing
-            return
-        kept = self.kept.find(request)
-        if kept is None:
-            raise TooManyRequests(
-                f"{request.host} asked kuikproxy to stop; no kept answer to give instead",
-                refusal="blocked",
-                detail={"host": request.host},
-                retry_after=until - now,
-            )
-        yield Reply(answer=kept, hit=True, stale=True)
 
     async def _from_fleet(self, request: RegistryRequest) -> None:
         """Before a check is admitted: when no answer kept here may serve it, the answers the

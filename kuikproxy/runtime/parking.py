@@ -2,9 +2,10 @@
 
 A request that must wait parks on a future keyed by its ticket; a window's read resolves the
 futures of every ticket its answer serves (R2). A client that goes away cancels its handler
-(aiohttp's ``handler_cancellation``); the ``finally`` of :meth:`Parking.hold` then withdraws
-its ticket, and its image stays asked as a *standing* ask, read for it at its turn as if it
-waited (P11) — a held request costs nothing after its client left.
+(aiohttp's ``handler_cancellation``); the ``finally`` around its wait (:meth:`Pacer.read`) then
+withdraws its ticket (:meth:`Parking.unpark`), and its image stays asked as a *standing* ask,
+read for it at its turn as if it waited (P11) — a held request costs nothing after its client
+left.
 """
 
 from __future__ import annotations
@@ -22,14 +23,21 @@ from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
 
 @dataclass(slots=True)
 class Waiter:
+    """A parked request: what its client awaits (no coroutine of its own: a held request pays
+    for every frame it sits in)."""
+
+    ticket: Ticket
     request: RegistryRequest
     future: asyncio.Future[Answer | Go]
     place: Place  # its place in its flow's queues while it waits (§10)
+    parking: Parking  # where it is parked, to be let out of by its client
     expiry: asyncio.TimerHandle | None = None
 
 
 class Parking:
     """One host's parked requests and standing asks."""
+
+    __slots__ = ("loop", "scheduler", "standing", "waiters")
 
     def __init__(self, scheduler: HostScheduler, loop: asyncio.AbstractEventLoop) -> None:
         self.scheduler = scheduler
@@ -93,36 +101,37 @@ class Parking:
             else:
                 waiter.future.set_exception(error)
 
-    async def hold(
+    def park(
         self,
         ticket: Ticket,
         request: RegistryRequest,
         place: Place,
         expire_at: float | None,
         expired: Callable[[Ticket], None],
-    ) -> Answer | Go:
-        """Wait for ``ticket``'s window; ``expired`` is called at ``expire_at`` (maxHold)."""
-        waiter = Waiter(request, self.loop.create_future(), place)
+    ) -> Waiter:
+        """Park ``request`` for ``ticket``'s window; ``expired`` is called at ``expire_at``
+        (maxHold). Its client awaits ``future`` and calls :meth:`unpark` when it stops."""
+        waiter = Waiter(ticket, request, self.loop.create_future(), place, self)
         self.waiters[ticket] = waiter
         if expire_at is not None:
             waiter.expiry = self.loop.call_at(expire_at, expired, ticket)
-        try:
-            return await waiter.future
-        except asyncio.CancelledError:
-            # released, but the client left before it could use the release: end its part
-            future = waiter.future
-            if future.done() and not future.cancelled() and future.exception() is None:
-                outcome = future.result()
-                if isinstance(outcome, Go):
-                    outcome.done()
-            raise
-        finally:
-            if waiter.expiry is not None:
-                waiter.expiry.cancel()
-            del self.waiters[ticket]
-            request.flow.unpark(place)
-            if not waiter.future.done() or waiter.future.cancelled():
-                self.stand(ticket, request)  # the client went away (P11)
+        return waiter
+
+    def unpark(self, waiter: Waiter, *, cancelled: bool) -> None:
+        """The client stopped waiting: it has its outcome, or it left (``cancelled``: its
+        handler was cancelled, P11) — then its image stays asked as a standing ask, and a
+        release it could not use ends its part of the copy."""
+        if waiter.expiry is not None:
+            waiter.expiry.cancel()
+        del self.waiters[waiter.ticket]
+        waiter.request.flow.unpark(waiter.place)
+        future = waiter.future
+        if not future.done() or future.cancelled():
+            self.stand(waiter.ticket, waiter.request)
+        elif cancelled and future.exception() is None:
+            outcome = future.result()
+            if isinstance(outcome, Go):
+                outcome.done()
 
     def stand(self, ticket: Ticket, request: RegistryRequest) -> None:
         """P11: ``ticket``'s client is gone, its image stays asked: kept with its request, so

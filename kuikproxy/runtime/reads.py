@@ -9,7 +9,7 @@ parked requests: answered whole, released to go themselves, or refused.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from urllib.parse import parse_qsl
@@ -25,7 +25,6 @@ from kuikproxy.errors import RegistryError
 from kuikproxy.runtime.budget import Budget
 from kuikproxy.runtime.content import MAX_MANIFEST, verified
 from kuikproxy.runtime.fleet import FleetLink
-from kuikproxy.runtime.flow import FlowGate
 from kuikproxy.runtime.messages import Answer, Go, Opened, RegistryRequest
 from kuikproxy.runtime.parking import Parking
 from kuikproxy.runtime.services import Services
@@ -47,6 +46,8 @@ PREFETCH_ACCEPT = (
 class Reader:
     """One host's window reads."""
 
+    __slots__ = ("budget", "fleet", "name", "parking", "scheduler", "services", "settings")
+
     def __init__(
         self,
         name: str,
@@ -55,8 +56,7 @@ class Reader:
         parking: Parking,
         budget: Budget,
         services: Services,
-        settings: Callable[[], RegistrySettings],
-        gate: Callable[[], FlowGate],
+        settings: RegistrySettings,
     ) -> None:
         self.name = name
         self.scheduler = scheduler
@@ -64,7 +64,6 @@ class Reader:
         self.budget = budget
         self.services = services
         self.settings = settings  # the host's settings in force (a reload swaps them)
-        self.gate = gate  # the flow control in force, for kuikproxy's own prefetch reads
         self.fleet: FleetLink | None = None  # set while the host is shared with a fleet
 
     async def carry_out(self, read: Read) -> None:
@@ -105,7 +104,7 @@ class Reader:
             sent=tuple(("Accept", a) for a in accept),
             auth=None,
             accept=accept,
-            gate=self.gate(),
+            gate=self.services.flow,
             query=tuple(parse_qsl(read.image.query)),
             signer=self.services.registries.signer(self.name),
         )
@@ -136,7 +135,7 @@ class Reader:
 
     async def check_read(self, read: Read) -> None:
         sent, request = self.template(read)
-        timeout = self.settings().check.timeout or None
+        timeout = self.settings.check.timeout or None
         served: list[Ticket] = []
         digest = None
         kept = False
@@ -180,7 +179,7 @@ class Reader:
             self.parking.resolve(list(read.tickets), self.go_copy())
             return
         sent, request = self.template(read)
-        timeout = self.settings().copy.timeout or None
+        timeout = self.settings.copy.timeout or None
         served: list[Ticket] = []
         try:
             if request is not None:

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 class SeriesTimers:
     """One host's check and copy series on the loop."""
 
+    __slots__ = ("armed", "block", "closed", "fleet", "name", "opened", "scheduler", "services")
+
     def __init__(
         self,
         name: str,
@@ -33,14 +35,13 @@ class SeriesTimers:
         *,
         opened: Callable[[Operation, WindowResult], None],
         block: Callable[[float], None],
-        live: Callable[[], bool],
     ) -> None:
         self.name = name
         self.scheduler = scheduler
         self.services = services
         self.opened = opened  # carries out what a window decided
         self.block = block  # puts a block the fleet knows of on the host
-        self.live = live  # whether the host is still the pacer's (not let go by a reload)
+        self.closed = False  # the host was let go of (forgotten, or a reload): no more windows
         self.fleet: FleetLink | None = None  # set while the host is shared with a fleet
         # a series' timer while something may be due there; a series with none sleeps
         self.armed: dict[Operation, asyncio.TimerHandle] = {}
@@ -69,6 +70,7 @@ class SeriesTimers:
             self.arm(operation)
 
     def close(self) -> None:
+        self.closed = True
         for timer in self.armed.values():
             timer.cancel()
         self.armed.clear()
@@ -96,7 +98,7 @@ class SeriesTimers:
             self.arm(operation)
             return
         mine = await fleet.may_use(self.name, operation, index, series.interval, self.block)
-        if series.fired >= index or not self.live():
+        if series.fired >= index or self.closed:
             return  # a later window fired meanwhile, or the host is gone (a reload)
         now = self.services.loop.time()
         if mine:
