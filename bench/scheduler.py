@@ -16,21 +16,30 @@ for what they were answered (a monitor asking every lap), so the number of waiti
 constant.
 
 Image sets (``--images``): ``distinct`` (default) gives each resource its own 10,000 images
-(``ns-0042/app-01234:1.5``): ten million distinct key strings, which is what the runtime really
-holds — a ring key is built per request (``Image.key``), so even two resources tracking the same
-image keep two string objects — and resources never serve each other, so the cost measured is
-the ring's own. ``shared`` gives every resource the *same* 10,000 images: the strings are shared
-(less memory) but every read of an image is credited to every ring (R1/R2, P7), which is the
-worst case for the prefetch walk (see RESULTS.md).
+(``ns-0042/app-01234:1.5``): ten million distinct keys, and resources never serve each other, so
+the cost measured is the ring's own. (A ring keeps its own copy of each key, as bytes, so shared
+key strings would save no memory either: ``Image.key`` is built per request anyway.) ``shared``
+gives every resource the *same* 10,000 images: every read of an image is credited to every ring
+(R1/R2, P7), which is the worst case for the prefetch walk (see RESULTS.md).
 
-Figures: build time (GC enabled, as in the runtime) and the VmRSS it added; one full
-``gc.collect()`` (the pause a gen-2 collection costs the event loop with that many ring entries);
-per mode, decisions per second (windows over the time spent in ``check_window`` plus
+Figures: build time (GC enabled, as in the runtime) and the VmRSS it added, also per ring entry
+(``B/entry``: VmRSS, not tracemalloc, so allocator overhead and the interpreter's arenas count;
+the target is ≤ 120 B at 1,000 × 10,000 distinct images: the last line says whether it is met);
+one full ``gc.collect()`` (the pause a gen-2 collection costs the event loop with that many ring
+entries); per mode, decisions per second (windows over the time spent in ``check_window`` plus
 ``check_read_done``), the median, p99 and max of ``check_window`` alone
 (``time.perf_counter_ns`` around the call) and the median of ``check_read_done``.
 
-Run: ``/tmp/v/bin/python bench/scheduler.py`` (``--quick`` for a small run, ``--profile`` to
-print a cProfile of the decision loops).
+``--scale`` prints how the cost grows instead: for 10³ … 10⁶ ring entries spread over 1 … 1,000
+hosts (rings of at most 1,000 distinct images, prefetch), the bytes per entry (tracemalloc after a
+full collection, the hosts' schedulers included: VmRSS moves by whole arenas, too coarse for
+small sets), the median ``check_window`` (windows fired on every host in turn), the core's
+share of a restart (every ring exported as plain values, then restored into a fresh scheduler:
+what ``state.path`` writes and reads, without the disk) and of ``/status`` (``view`` of every
+host, its first 100 rings).
+
+Run: ``.venv/bin/python bench/scheduler.py`` (``--quick`` for a small run, ``--profile`` to
+print a cProfile of the decision loops, ``--scale`` for the cost curve).
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ import io
 import pstats
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,6 +63,7 @@ from kuikproxy.core.tickets import Operation, Read, Ticket
 HOST = "registry.bench"
 INTERVAL = 1.0  # window times are k × 1 s; the scheduler never reads a clock
 TARGET_MEDIAN_US = 50.0
+TARGET_BYTES_PER_ENTRY = 120.0  # VmRSS added per ring entry, at 1,000 × 10,000 distinct images
 
 
 def vm_rss_mb() -> float:
@@ -222,11 +233,86 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=0.0, help="wall time cap per mode")
     parser.add_argument("--hold-fraction", type=float, default=0.01)
     parser.add_argument("--profile", action="store_true", help="cProfile the decision loops")
+    parser.add_argument("--scale", action="store_true", help="the cost curve (see above)")
     return parser.parse_args(argv)
+
+
+def print_memory_target(measured: float | None) -> None:
+    verdict = (
+        "not measured by this run"
+        if measured is None
+        else f"{measured:.0f} B, " + ("met" if measured <= TARGET_BYTES_PER_ENTRY else "MISSED")
+    )
+    print(
+        f"target: ≤ {TARGET_BYTES_PER_ENTRY:g} B of VmRSS per ring entry at 1,000 × 10,000 "
+        f"distinct images: {verdict}"
+    )
+
+
+def scale_point(entries: int, hosts: int, windows: int = 2_000) -> str:
+    """One row of ``--scale``: ``entries`` ring entries over ``hosts`` hosts."""
+    per_host = max(1, entries // hosts)
+    ring = min(per_host, 1_000)
+    pacing = HostPacing(INTERVAL, INTERVAL, prefetch=True)
+    base = image_set(ring)
+    gc.collect()
+    tracemalloc.start()
+    schedulers = []
+    for h in range(hosts):
+        s = HostScheduler(f"registry-{h:04d}.bench", pacing, 0.0)
+        for r in range(per_host // ring):
+            s.join(f"ImageMonitor/ns-{r:04d}/web", [f"h{h}-r{r}/{i}:{t}" for i, t in base], 0.0)
+        schedulers.append(s)
+    gc.collect()
+    per_entry = tracemalloc.get_traced_memory()[0] / entries
+    tracemalloc.stop()
+    decide = []
+    clock = time.perf_counter_ns
+    for k in range(1, windows + 1):
+        s = schedulers[k % hosts]
+        t0 = clock()
+        result = s.check_window(k * INTERVAL)
+        decide.append(clock() - t0)
+        if result.read is not None:
+            s.check_read_done(result.read, k * INTERVAL, served=[], digest=None, kept=True)
+    t0 = clock()
+    saved = [s.export() for s in schedulers]
+    exported = clock() - t0
+    t0 = clock()
+    for h, rings in enumerate(saved):
+        fresh = HostScheduler(f"registry-{h:04d}.bench", pacing, 0.0)
+        for resource, state in rings:
+            fresh.restore(resource, state)
+    restored = clock() - t0
+    t0 = clock()
+    for s in schedulers:
+        names = sorted(r for r, _, _ in s.ring_stats())[:100]  # /status's default page
+        s.view(windows * INTERVAL, names)
+    viewed = clock() - t0
+    return (
+        f"| {entries:,} | {hosts:,} | {per_entry:,.0f} | {quantile(sorted(decide), 0.5):.1f} | "
+        f"{exported / 1e6:,.0f} | {restored / 1e6:,.0f} | {viewed / 1e6:,.1f} |"
+    )
+
+
+def scale() -> None:
+    print(
+        "| ring entries | hosts | B/entry (tracemalloc) | median decision µs | export ms "
+        "| restore ms | view of every host ms |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for entries in (1_000, 10_000, 100_000, 1_000_000):
+        for hosts in (1, 10, 100, 1_000):
+            if hosts <= entries:
+                print(scale_point(entries, hosts), flush=True)
+                gc.collect()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.scale:
+        scale()
+        return 0
 
     if args.quick:
         shapes = [Shape("rings", 100, 1_000), Shape("big", 1, 100_000)]
@@ -249,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     build_rows: list[str] = []
     mode_rows: list[str] = []
     ok = True
+    per_entry: dict[str, float] = {}
     for shape in shapes:
         profile = cProfile.Profile() if args.profile else None
         start = time.perf_counter()
@@ -262,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         entries = shape.resources * shape.images
         label = f"{shape.resources:,} × {shape.images:,}"
+        per_entry[label] = built.rss_added_mb * 2**20 / entries
         build_rows.append(
             f"{label:<26} {entries:>12,} {built.build_s:>9.1f} {built.rss_added_mb:>10.0f} "
             f"{built.rss_added_mb * 2**20 / entries:>11.0f} {built.gc_pause_s * 1000:>10.0f} "
@@ -298,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(mode_rows))
     print()
     print(f"target: median check_window < {TARGET_MEDIAN_US:g} µs: {'met' if ok else 'MISSED'}")
+    print_memory_target(None if shared else per_entry.get("1,000 × 10,000"))
     return 0
 
 

@@ -52,8 +52,7 @@ class CheckTurns(StandingAsks):
                 return refusal
             self._census.images += 1
         ring = self._ring(resource, now)
-        ring.ask(image.key, now)
-        if fresh_for(kept_at, ring.previous_read(image.key), now, self.pacing.max_age):
+        if fresh_for(kept_at, ring.ask(image.key, now), now, self.pacing.max_age):
             ring.answer(image.key, now)
             return Reuse()
         ticket = Ticket(resource, image, Operation.CHECK, auth, now)
@@ -101,13 +100,10 @@ class CheckTurns(StandingAsks):
         if self._check_in_flight is not None:
             return self._outcome(self.check_series, at, Outcome.BUSY, lapsed=lapsed)
 
-        def shared(key: str) -> float | None:
-            return self._shared_reads.get(key, at)
-
         for resource in turns(self._check_ready, self._check_turn):
             ring = self._rings.get(resource)
             # laps are measured in window times, the times reads are stamped with
-            key = None if ring is None else ring.take(at, self.pacing.prefetch, shared)
+            key = None if ring is None else ring.take(at, self.pacing.prefetch, self._shared_reads)
             if key is None:
                 if ring is None or not ring.has_due(self.pacing.prefetch):
                     self._check_ready.discard(resource)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from kuikproxy.core.copies import CopyQueue, OpenCopy
 from kuikproxy.core.limits import Census
 from kuikproxy.core.rings import Ring
+from kuikproxy.core.sharedreads import SharedReads
 from kuikproxy.core.sortedset import SortedSet
 from kuikproxy.core.tickets import Operation, Read, Ticket, WindowResult
 from kuikproxy.core.timedmap import TimedMap
@@ -83,7 +84,7 @@ class HostState:
         # P10: (resource, image key) → (the Authorization key answered, whether any passes)
         self._follow_ups: TimedMap[tuple[str, str], tuple[str | None, bool]] = TimedMap()
         # when each image was last read for everyone, within cache.maxAge (R1 for prefetch)
-        self._shared_reads: TimedMap[str, float] = TimedMap()
+        self._shared_reads = SharedReads()
         self._expiry: list[tuple[float, str]] = []  # (oldest ask, resource), lazily updated
         self._queues: dict[str, CopyQueue] = {}
         self._copy_ready = SortedSet()

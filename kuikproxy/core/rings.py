@@ -23,8 +23,9 @@ Which images are due depends on the mode (P7):
   skips images done out of turn: answered to the resource in this lap, or read for everyone
   (by another resource's turn) since the walk last went past them — which is this lap's read if
   it happened ahead of the cursor, and the next lap's if behind it, exactly as answers are
-  counted. Each image is walked past once per lap, so a decision is amortised O(log n), and a
-  read for everyone costs nothing per ring: it is looked up lazily, when the walk gets there.
+  counted. A read for everyone costs nothing per ring: it is found when the walk gets there,
+  and a run of images read for everyone after the ring's last turn (``_walked``) is stepped
+  over at once (:mod:`kuikproxy.core.sharedreads`): a decision is O(log n) plus O(runs).
 
 The first lap starts at the resource's first turn on the host (P6); an answer before it (from
 another resource's window or a kept answer) already counts in that first lap, but does not start
@@ -32,18 +33,18 @@ it: otherwise a resource whose first turn comes a window after another resource 
 image would measure its first lap one window too long.
 
 Membership (P8): an image joins when first asked for and leaves after ``unusedImageRetention``
-without a request. ``_entries`` is kept in last-asked order, so expiry pops from its front.
+without a request. What a ring knows of its images is stored by column, in key order
+(:mod:`kuikproxy.core.ringtable`); the last-asked order is a counter stamped on each ask.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable
+from bisect import bisect_right
 
 from kuikproxy.core.ringstate import EntryState, RingHeader, RingState
+from kuikproxy.core.ringtable import UNSET, Chunk, Table
+from kuikproxy.core.sharedreads import SharedReads, run_length
 from kuikproxy.core.sortedset import SortedSet
-
-SharedReads = Callable[[str], float | None]
 
 SLOW_LAP = 1.5
 """A lap this many times its best case, or more, is slow (the example alert's threshold)."""
@@ -58,41 +59,39 @@ def lap_ratio(cycle_duration: float | None, images: int, interval: float) -> flo
     return cycle_duration / (images * interval)
 
 
-class _Entry:
-    """What a ring knows of one image."""
-
-    __slots__ = ("answered", "asked", "lap", "passed")
-
-    def __init__(self, asked: float) -> None:
-        self.asked = asked
-        self.answered: float | None = None  # last answered to this resource (R1's "previous read")
-        self.lap = -1  # the last lap this image was done in (answered, or taken by a turn)
-        self.passed: float | None = None  # prefetch: when the walk last went past it
-
-
 class Ring:
     __slots__ = (
         "_ahead",
+        "_at",
         "_deferred",
         "_due",
-        "_entries",
-        "_order",
+        "_spots",
+        "_table",
         "_waiting",
+        "_walked",
+        "_walks",
         "cursor",
         "cycle_duration",
         "cycle_started",
         "lap",
     )
 
+    # whether :meth:`_spared` wants the images a run skipped (only a ring tracking its changes)
+    _tracks = False
+
     def __init__(self) -> None:
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
-        # every image in order, for the prefetch walk only: hold rings (the default) never pay
-        # for it; a prefetch ring keeps it from its start (:meth:`walk_in_order`)
-        self._order: SortedSet | None = None
+        self._table = Table()
+        # prefetch (P7): set from the ring's first prefetch turn or reload on; only the status
+        # page's lap bar tells (a hold ring's position is not counted past a limit)
+        self._walks = False
+        self._walked = UNSET  # the last turn: no image was walked past after it
+        self._at: tuple[str, int, int, int] | None = None  # the cursor: table version, place
         self._due = SortedSet()
         self._deferred: set[str] = set()  # waiting, done in this lap
         self._ahead: set[str] = set()  # waiting, done for the next lap (answered behind the cursor)
         self._waiting: dict[str, int] = {}
+        # where each waiting image is (table version, chunk, index): no lookup by key at a turn
+        self._spots: dict[str, tuple[int, Chunk, int]] = {}
         self.cursor: str | None = None
         self.lap = 0
         self.cycle_started: float | None = None
@@ -101,40 +100,32 @@ class Ring:
     # -- membership (P8) ----------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._table)
 
     def __contains__(self, image: object) -> bool:
-        return image in self._entries
+        return isinstance(image, str) and self._table.find(image) is not None
 
-    def ask(self, image: str, now: float) -> None:
-        """The resource asked for ``image``: it joins the ring, or its retention restarts."""
-        entry = self._entries.get(image)
-        if entry is None:
-            self._entries[image] = _Entry(now)
-            if self._order is not None:
-                self._order.add(image)
-        else:
-            entry.asked = now
-            self._entries.move_to_end(image)
+    def ask(self, image: str, now: float) -> float | None:
+        """The resource asked for ``image``: it joins the ring, or its retention restarts;
+        returns :meth:`previous_read` (a kept answer's path needs both)."""
+        found = self._table.find(image)
+        if found is None:
+            self._table.insert(image, now)
+            return None
+        chunk, j = found
+        self._table.touch(chunk, j, now)
+        answered = chunk.answered[j]
+        return None if answered == UNSET else answered
 
     def join(self, images: list[str], now: float) -> None:
         """Many images join at once (a benchmark): one sort, not n inserts."""
-        for image in images:
-            if image not in self._entries:
-                self._entries[image] = _Entry(now)
-        if self._order is not None:
-            self._order.update(images)
+        self._table.join(images, now)
 
-    def walk_in_order(self) -> None:
-        """Keep every image in order from now on (prefetch, P7). Built at once if images are
-        already here: a one-time sort, when a reload turns a host to prefetch."""
-        if self._order is None:
-            self._order = SortedSet(self._entries)
+    def walk_in_order(self) -> None:  # the ring's host prefetches (P7)
+        self._walks = True
 
     def oldest_ask(self) -> float | None:
-        for entry in self._entries.values():
-            return entry.asked
-        return None
+        return self._table.oldest_ask()
 
     def expire(self, before: float, now: float) -> list[str]:
         """Drop the images last asked for before ``before`` (P8) and return them.
@@ -143,29 +134,9 @@ class Ring:
         retention counted from ``now``. The cursor may name a dropped image; successor
         queries do not need it to be a member.
         """
-        gone = []
-        while self._entries:
-            image, entry = next(iter(self._entries.items()))
-            if entry.asked >= before:
-                break
-            if image in self._waiting:
-                entry.asked = now
-                self._entries.move_to_end(image)
-                continue
-            del self._entries[image]
-            if self._order is not None:
-                self._order.discard(image)
-            gone.append(image)
-        return gone
+        return self._table.expire(before, now, self._waiting)
 
     # -- laps ---------------------------------------------------------------------------------
-
-    def _done(self, entry: _Entry) -> bool:
-        return entry.lap >= self.lap
-
-    def _start_if_first(self, now: float) -> None:
-        if self.cycle_started is None:
-            self.cycle_started = now
 
     def _end_lap(self, now: float) -> None:
         # a lap that starts and ends at one turn (everything was answered before the ring's
@@ -181,12 +152,19 @@ class Ring:
         self._deferred, self._ahead = self._ahead, set()
 
     def answered_in_lap(self, image: str) -> bool:
-        entry = self._entries.get(image)
-        return entry is not None and self._done(entry)
+        found = self._table.find(image)
+        return found is not None and found[0].laps[found[1]] >= self.lap
 
     def previous_read(self, image: str) -> float | None:
-        entry = self._entries.get(image)
-        return None if entry is None else entry.answered
+        found = self._table.find(image)
+        if found is None:
+            return None
+        answered = found[0].answered[found[1]]
+        return None if answered == UNSET else answered
+
+    def asked_at(self, image: str) -> float | None:
+        found = self._table.find(image)
+        return None if found is None else found[0].asked[found[1]]
 
     # -- waiting requests ---------------------------------------------------------------------
 
@@ -195,7 +173,10 @@ class Ring:
         count = self._waiting.get(image, 0)
         self._waiting[image] = count + 1
         if count == 0:
-            self._file(image, self._entries[image])
+            found = self._table.find(image)
+            assert found is not None
+            self._spots[image] = (self._table.version, *found)
+            self._file(image, found[0].laps[found[1]])
 
     def unwait(self, image: str) -> None:
         """A waiting request was answered or went away (P11)."""
@@ -204,87 +185,163 @@ class Ring:
             self._waiting[image] = count
             return
         self._waiting.pop(image, None)
+        self._spots.pop(image, None)
         self._due.discard(image)
         self._deferred.discard(image)
         self._ahead.discard(image)
 
-    def _file(self, image: str, entry: _Entry) -> None:
+    def _file(self, image: str, lap: int) -> None:
         """Put a waiting image in the set its lap says: due, done now, or done for the next."""
-        if entry.lap > self.lap:
+        if lap > self.lap:
             self._ahead.add(image)
-        elif entry.lap == self.lap:
+        elif lap == self.lap:
             self._deferred.add(image)
         else:
             self._due.add(image)
 
     def answer(self, image: str, now: float) -> None:
         """The resource was answered ``image`` at ``now`` (by a window, R2, or a kept answer)."""
-        entry = self._entries.get(image)
-        if entry is None:
+        found = self._table.find(image)
+        if found is None:
             return
-        entry.answered = now
-        self._mark_done(image, entry)
-
-    def _mark_done(self, image: str, entry: _Entry) -> None:
+        chunk, j = found
+        chunk.answered[j] = now
         behind = self.cursor is not None and image < self.cursor
-        entry.lap = self.lap + 1 if behind else self.lap
+        lap = chunk.laps[j] = self.lap + 1 if behind else self.lap
         if image in self._waiting:  # requests still waiting for it wait for the next lap (P5)
             self._due.discard(image)
             self._deferred.discard(image)
-            self._file(image, entry)
+            self._file(image, lap)
 
     def waiting(self, image: str) -> int:
         return self._waiting.get(image, 0)
 
     def has_due(self, prefetch: bool) -> bool:
-        if prefetch:
-            return bool(self._entries)
-        return bool(self._due) or bool(self._deferred) or bool(self._ahead)
+        return bool(len(self._table) if prefetch else self._due or self._deferred or self._ahead)
 
     # -- the P5 rule --------------------------------------------------------------------------
 
     def take(self, now: float, prefetch: bool, shared: SharedReads | None = None) -> str | None:
         """The image this resource's turn takes at ``now`` (P5), or None if nothing is due.
 
-        ``shared(image)`` is when a window last read ``image`` for everyone within
+        ``shared`` knows when a window last read an image for everyone within
         ``cache.maxAge`` (prefetch only): such a read spares this resource its own (R1).
         """
         if not self.has_due(prefetch):
             return None
-        self._start_if_first(now)
-        image = self._next_due(self.cursor, prefetch, now, shared)
-        if image is None:
-            self._end_lap(now)
-            if not prefetch and not self._due:
-                # the new lap holds only answers given ahead of it (behind the cursor): it is
-                # over as it starts, and the requests waiting on them are due in the next
-                self._next_lap()
-            image = self._next_due(None, prefetch, now, shared)
-            if image is None:
+        if self.cycle_started is None:
+            self.cycle_started = now
+        if prefetch:
+            walked = self._walk_lap(now, shared)
+            if walked is None:
                 return None
-        entry = self._entries[image]
-        entry.lap = self.lap
-        entry.passed = now
+            image, chunk, j = walked
+        else:
+            due = self._due.after(self.cursor)
+            if due is None:
+                self._end_lap(now)
+                if not self._due:
+                    # the new lap holds only answers given ahead of it (behind the cursor): it
+                    # is over as it starts, and the requests waiting on them are due in the next
+                    self._next_lap()
+                due = self._due.after(None)
+            spot = None if due is None else self._spots.get(due)
+            if spot is not None and spot[0] == self._table.version:
+                found: tuple[Chunk, int] | None = spot[1:]
+            else:
+                found = None if due is None else self._table.find(due)
+            if due is None or found is None:
+                return None
+            image = due
+            chunk, j = found
+        chunk.laps[j] = self.lap
+        chunk.passed[j] = now
+        self._walked = max(self._walked, now)
         self.cursor = image
+        if prefetch and shared is not None:
+            shared.taken(image, chunk.keys[j])
         return image
 
-    def _next_due(
-        self, after: str | None, prefetch: bool, now: float, shared: SharedReads | None
-    ) -> str | None:
-        if not prefetch:
-            return self._due.after(after)
-        entries, lap = self._entries, self.lap
-        self.walk_in_order()
-        assert self._order is not None
-        for image in self._order.iter_after(after):
-            entry = entries[image]
-            if entry.lap < lap:
-                read = None if shared is None else shared(image)
-                if read is None or (entry.passed is not None and read <= entry.passed):
-                    return image
-                entry.lap = lap  # spared: read for everyone since the walk was last here
-            entry.passed = now
-        return None
+    def _walk_lap(self, now: float, shared: SharedReads | None) -> tuple[str, Chunk, int] | None:
+        """The prefetch walk from the cursor, wrapping into the next lap if nothing is due
+        before the end of this one: the image taken, its chunk and index."""
+        self._walks = True
+        table = self._table
+        log, i = ([], 0) if shared is None else shared.since(self._walked, now)
+        cursor, at = self.cursor, self._at
+        if at is not None and at[0] is cursor and at[1] == table.version:
+            start = (at[2], at[3] + 1)  # where the last turn stopped, if nothing moved since
+        else:
+            start = table.position_after(cursor)
+        found, i = self._walk(start, None, now, shared, log=log, i=i)
+        if found is None:
+            self._end_lap(now)
+            # from the start, images up to the old cursor were last walked past before this
+            # turn, the rest just now: runs of the log (going on where it stopped) stop there
+            found, i = self._walk((0, 0), cursor or "", now, shared, log=log, i=i)
+        self._walked = max(self._walked, now)
+        if found is None:
+            return None
+        image, c, j = found
+        self._at = (image, table.version, c, j)
+        return image, table.chunks[c], j
+
+    def _walk(
+        self,
+        start: tuple[int, int],
+        fence: str | None,
+        now: float,
+        shared: SharedReads | None,
+        *,
+        log: list[bytes],
+        i: int,
+    ) -> tuple[tuple[str, int, int] | None, int]:
+        """The prefetch walk from ``start`` (chunk, index): images done in this lap, or read for
+        everyone since the walk last went past them, are stepped over (done in this lap now).
+        ``log[i:]`` were read for everyone after any image up to ``fence`` (None: any image)
+        was last walked past. Returns the image taken, its chunk and index (None: none before
+        the end), and where the walk stopped in the log."""
+        lap, end = self.lap, len(log)
+        below = None if fence is None else fence.encode()
+        chunks = self._table.chunks
+        c, j = start
+        while c < len(chunks):
+            chunk = chunks[c]
+            keys, laps, passed = chunk.keys, chunk.laps, chunk.passed
+            stop = len(keys) if below is None else bisect_right(keys, below)
+            while j < len(keys):
+                if i < end and j < stop and keys[j] == log[i]:
+                    # read for everyone since the walk last went past it, as are the images
+                    # of the run that follows it in both
+                    run = run_length(keys, j, log, i, min(stop - j, end - i))
+                    self._spare_run(chunk, j, j + run, now)
+                    if keys[j] is not log[i] or keys[j + run - 1] is not log[i + run - 1]:
+                        keys[j : j + run] = log[i : i + run]  # equal: adopted (SharedReads.taken)
+                    j += run
+                    i += run
+                    continue
+                if laps[j] < lap:
+                    image = keys[j].decode()
+                    read = None if shared is None else shared.get(image, now)
+                    if read is None or read <= passed[j]:
+                        return (image, c, j), i
+                    laps[j] = lap  # spared: read for everyone since the walk was last here
+                    self._spared([image])
+                passed[j] = now
+                j += 1
+            c += 1
+            j = 0
+        return None, i
+
+    def _spare_run(self, chunk: Chunk, start: int, stop: int, now: float) -> None:
+        """Images ``start:stop`` of ``chunk`` are done in this lap, walked past at ``now``: all
+        in this lap, as none ahead of the cursor is done for a later one (only answers behind)."""
+        if self._tracks:
+            self._spared(chunk.undone(start, stop, self.lap))
+        chunk.walked_past(start, stop, self.lap, now)
+
+    def _spared(self, images: list[str]) -> None:
+        """The walk stepped over ``images``, read for everyone: a tracked ring records them."""
 
     # -- what survives a restart (P13) ---------------------------------------------------------
 
@@ -292,15 +349,13 @@ class Ring:
         return RingHeader(self.cursor, self.lap, self.cycle_started, self.cycle_duration)
 
     def entry_state(self, image: str) -> EntryState:
-        entry = self._entries[image]
-        return EntryState(image, entry.asked, entry.answered, entry.lap)
+        found = self._table.find(image)
+        assert found is not None
+        return self._table.state(*found)
 
     def export(self) -> RingState:
         """The whole ring as plain values, images in last-asked order."""
-        return RingState(
-            self.header(),
-            tuple(EntryState(i, e.asked, e.answered, e.lap) for i, e in self._entries.items()),
-        )
+        return RingState(self.header(), self._table.states())
 
     def load(self, state: RingState) -> None:
         """Become the ring ``state`` describes (into an empty ring). It resumes after its
@@ -310,12 +365,7 @@ class Ring:
         header = state.header
         self.cursor, self.lap = header.cursor, header.lap
         self.cycle_started, self.cycle_duration = header.cycle_started, header.cycle_duration
-        # retention pops from the front of the last-asked order (P8): keep that order
-        for saved in sorted(state.entries, key=lambda e: e.asked):
-            entry = self._entries[saved.image] = _Entry(saved.asked)
-            entry.answered, entry.lap = saved.answered, saved.lap
-        if self._order is not None:
-            self._order.update(self._entries)
+        self._table.restore(state.entries)
 
     # -- for people -----------------------------------------------------------------------------
 
@@ -323,18 +373,15 @@ class Ring:
         """Where the cursor is in the ring, for the status page's lap bar (never a decision):
         how many of its images are at or before the cursor, 0 before the first turn.
 
-        A prefetch ring keeps its images in order and answers from that index, O(number of
-        chunks). A hold ring keeps no order (no decision needs one), so its images are counted
-        in one pass, without sorting, and only when there are at most ``limit`` of them: above
-        that the answer is None, so that a page never holds the event loop for long."""
+        The images are in order, so the answer is a rank, O(number of chunks); but a hold ring
+        answers only when it holds at most ``limit`` images (None above), as when it kept no
+        order: what the page shows does not change with how rings are stored."""
         cursor = self.cursor
         if cursor is None:
             return 0
-        if self._order is not None:
-            return self._order.rank(cursor) + (cursor in self._order)
-        if len(self._entries) > limit:
+        if not self._walks and len(self._table) > limit:
             return None
-        return sum(image <= cursor for image in self._entries)
+        return self._table.rank(cursor) + (cursor in self)
 
     def waiting_requests(self) -> int:
         """How many requests of this resource wait for a window: O(images waiting)."""

@@ -1,4 +1,5 @@
-"""A sorted set of strings with O(log n) successor queries, for rings of millions of images.
+"""A sorted set of strings with O(log n) successor queries: a hold ring's due images, the
+resources ready for a turn, the census's names.
 
 Rings order images byte-wise and the scheduler's hot question is "the first due image after the
 cursor". A plain sorted ``list`` answers it with ``bisect`` but pays O(n) to insert; a ``set``

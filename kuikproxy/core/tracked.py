@@ -10,12 +10,15 @@ plain :class:`~kuikproxy.core.rings.Ring` pays nothing for any of this: the kept
 
 from __future__ import annotations
 
-from kuikproxy.core.rings import Ring, SharedReads
+from kuikproxy.core.rings import Ring
 from kuikproxy.core.ringstate import RingChanges, RingState
+from kuikproxy.core.sharedreads import SharedReads
 
 
 class TrackedRing(Ring):
     __slots__ = ("_changed", "_dirty", "_dropped", "_replace", "resource")
+
+    _tracks = True
 
     def __init__(self, resource: str, dirty: dict[TrackedRing, None]) -> None:
         super().__init__()
@@ -33,8 +36,7 @@ class TrackedRing(Ring):
 
     def changes(self) -> RingChanges:
         """What changed since the last call, which it forgets."""
-        entries = self._entries
-        if entries:
+        if len(self):
             changes = RingChanges(
                 header=self.header(),
                 entries=tuple(self.entry_state(i) for i in sorted(self._changed)),
@@ -50,11 +52,12 @@ class TrackedRing(Ring):
 
     # -- every change of what survives, marked --------------------------------------------------
 
-    def ask(self, image: str, now: float) -> None:
-        super().ask(image, now)
+    def ask(self, image: str, now: float) -> float | None:
+        previous = super().ask(image, now)
         self._changed.add(image)
         self._dropped.discard(image)
         self._dirty[self] = None
+        return previous
 
     def join(self, images: list[str], now: float) -> None:
         super().join(images, now)
@@ -64,14 +67,15 @@ class TrackedRing(Ring):
 
     def answer(self, image: str, now: float) -> None:
         super().answer(image, now)
-        if image in self._entries:
+        if image in self:
             self._changed.add(image)
             self._dirty[self] = None
 
     def expire(self, before: float, now: float) -> list[str]:
         # images still waiting stay, asked for again now: their new time must be written too
-        entries = self._entries
-        kept = [i for i in self._waiting if i in entries and entries[i].asked < before]
+        kept = [
+            i for i in self._waiting if (asked := self.asked_at(i)) is not None and asked < before
+        ]
         gone = super().expire(before, now)
         if kept or gone:
             self._changed.update(kept)
@@ -80,26 +84,16 @@ class TrackedRing(Ring):
             self._dirty[self] = None
         return gone
 
+    def _spared(self, images: list[str]) -> None:
+        # a prefetch walk marks images read for everyone as done in this lap (P7)
+        self._changed.update(images)
+        self._dirty[self] = None
+
     def take(self, now: float, prefetch: bool, shared: SharedReads | None = None) -> str | None:
-        spared: list[str] = []
-        if prefetch and shared is not None:
-            # a prefetch walk marks images read for everyone as done in this lap (P7): they
-            # are the ones ``shared`` knows a read for (or, if read before the walk last came
-            # by, the one taken)
-            everyone = shared
-
-            def spy(image: str) -> float | None:
-                read = everyone(image)
-                if read is not None:
-                    spared.append(image)
-                return read
-
-            shared = spy
         before = (self.cursor, self.lap, self.cycle_started)
         image = super().take(now, prefetch, shared)
         if image is not None:
             self._changed.add(image)
-        self._changed.update(spared)
-        if image is not None or spared or before != (self.cursor, self.lap, self.cycle_started):
+        if image is not None or before != (self.cursor, self.lap, self.cycle_started):
             self._dirty[self] = None
         return image
