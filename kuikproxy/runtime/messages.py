@@ -55,7 +55,8 @@ def forwarded(sent: Mapping[str, str] | Headers) -> Headers:
     return tuple((k, v) for k, v in end_to_end(items).items() if k.lower() not in NOT_FORWARDED)
 
 
-@dataclass(frozen=True, slots=True)
+# not frozen: one is made for every read, and a frozen dataclass pays a setattr call per field
+@dataclass(slots=True)
 class RegistryRequest:
     host: str
     image: Image
@@ -86,7 +87,7 @@ class RegistryRequest:
                 kind = "check" if self.operation is Operation.CHECK else "copy"
             sent = self.sent if isinstance(self.sent, Mapping) else CIMultiDict(self.sent)
             flow = self.gate.classify(self.resource, self.host, kind, sent)
-            object.__setattr__(self, "_flow", flow)
+            self._flow = flow
         return flow
 
     @property
@@ -197,7 +198,7 @@ class Opened:
         return await self.response.read(limit)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per read: not frozen, see RegistryRequest
 class Reply:
     """What a read gets from the runtime: a whole ``answer`` (kept, R1, or read once for every
     waiter, R2), or the registry's answer ``opened`` to stream."""

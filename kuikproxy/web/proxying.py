@@ -1,4 +1,5 @@
-"""Requests that ask for a forward proxy, refused before routing unless kuikproxy is one (§13).
+"""Resources matched before aiohttp's path index: requests that ask for a forward proxy, refused
+unless kuikproxy is one (§13), and the registry API's paths.
 
 ``CONNECT host:port`` (authority-form) and ``OPTIONS *`` (asterisk-form) name no path, so no
 path route can ever match them, and absolute-form requests (``GET http://host/...``) must not be
@@ -13,6 +14,8 @@ every request; this resource is one of those, and matches these requests only.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from aiohttp import web
 from aiohttp.web_urldispatcher import (
     Domain,
@@ -23,6 +26,8 @@ from aiohttp.web_urldispatcher import (
 
 from kuikproxy.errors import Unsupported
 from kuikproxy.web.oci import error_response
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def asks_for_a_proxy(request: web.Request) -> bool:
@@ -48,5 +53,20 @@ class ProxyRequests(MatchedSubAppResource):
     async def resolve(self, request: web.Request) -> tuple[UrlMappingMatchInfo | None, set[str]]:
         forwarded = self._forward and request.rel_url.raw_path.startswith("/")
         if asks_for_a_proxy(request) and not forwarded:
+            return UrlMappingMatchInfo({}, self._route), {request.method}
+        return None, set()
+
+
+class RegistryPaths(MatchedSubAppResource):
+    """Every ``/v2`` path, for ``handler``: matched before aiohttp's path index, which walks a
+    path's prefixes and runs the route's regular expression — on a kept answer, more than the
+    handler's own bookkeeping. Registered after :class:`ProxyRequests`, which keeps its say."""
+
+    def __init__(self, handler: Handler) -> None:
+        super().__init__(Domain("registry.invalid"), web.Application())
+        self._route = ResourceRoute("*", handler, self)
+
+    async def resolve(self, request: web.Request) -> tuple[UrlMappingMatchInfo | None, set[str]]:
+        if request.rel_url.raw_path.startswith("/v2"):
             return UrlMappingMatchInfo({}, self._route), {request.method}
         return None, set()

@@ -20,7 +20,7 @@ from kuikproxy.web.keys import CURRENT, FORWARDING, METRICS, PACER
 from kuikproxy.web.observe import metrics_page, status, status_schema
 from kuikproxy.web.oci import API_VERSION, error_response
 from kuikproxy.web.page import status_page
-from kuikproxy.web.proxying import ProxyRequests
+from kuikproxy.web.proxying import ProxyRequests, RegistryPaths
 from kuikproxy.web.relay import answer_response, relocate, stream
 
 log = logging.getLogger(__name__)
@@ -154,11 +154,11 @@ async def healthz(request: web.Request) -> web.StreamResponse:
 
 def add_routes(router: web.UrlDispatcher, *, forward: bool) -> None:
     router.register_resource(ProxyRequests(forward=forward))
+    router.register_resource(RegistryPaths(registry))
     router.add_get("/healthz", healthz)
     router.add_get("/readyz", healthz)
     router.add_get("/", status_page)
     router.add_get("/status", status)
     router.add_get("/status/schema", status_schema)
     router.add_get("/metrics", metrics_page)
-    router.add_route("*", "/v2{tail:.*}", registry)
     router.add_route("*", "/{tail:.*}", not_found)
