@@ -90,8 +90,8 @@ class Metrics:
             registry=self.registry,
         )
         # children by registry label, then the other labels: a host's go with it at once
-        self._answered: dict[str, dict[tuple[str, str, str], Counter]] = {}
-        self._sent: dict[str, dict[tuple[str, str], Counter]] = {}  # upstream requests'
+        self._answered: dict[str, dict[tuple[str, ...], Counter]] = {}
+        self._sent: dict[str, dict[tuple[str, ...], Counter]] = {}  # upstream requests'
         self.wait = Histogram(
             "kuik_proxy_wait_seconds",
             "How long requests were held before their window released them.",
@@ -116,32 +116,34 @@ class Metrics:
         )
 
     def answered(self, host: str, operation: str, code: str, cache: str) -> None:
-        """One request answered. Its counter is found once per label set: ``labels()`` costs
-        more than the rest of a kept answer's bookkeeping, and this runs for every request."""
-        key = (operation, code, cache)
-        children = self._answered.get(host)
-        child = None if children is None else children.get(key)
-        if child is None:
-            registry = self._registry(host)
-            children = self._answered.setdefault(registry, {})
-            child = children.get(key)
-            if child is None:
-                child = children[key] = self.requests.labels(registry, *key)
-        child.inc()
+        """One request answered."""
+        self._child(self._answered, self.requests, host, (operation, code, cache)).inc()
 
     def upstream_answered(
         self, host: str, method: str, status: int | None, headers: tuple[tuple[str, str], ...]
     ) -> None:
         key = (method, "error" if status is None else str(status))
-        children = self._sent.get(host)
+        self._child(self._sent, self.upstream, host, key).inc()
+
+    def _child(
+        self,
+        children_by_host: dict[str, dict[tuple[str, ...], Counter]],
+        family: Counter,
+        host: str,
+        key: tuple[str, ...],
+    ) -> Counter:
+        """``family``'s counter for ``host`` (or :data:`NO_HOST`) and ``key``, found once per
+        label set: ``labels()`` costs more than the rest of a kept answer's bookkeeping, and
+        this runs for every request."""
+        children = children_by_host.get(host)
         child = None if children is None else children.get(key)
         if child is None:
             registry = self._registry(host)
-            children = self._sent.setdefault(registry, {})
+            children = children_by_host.setdefault(registry, {})
             child = children.get(key)
             if child is None:
-                child = children[key] = self.upstream.labels(registry, *key)
-        child.inc()
+                child = children[key] = family.labels(registry, *key)
+        return child
 
     def _registry(self, host: str) -> str:
         """The ``registry`` label of a request to ``host``: its own while it has series."""
