@@ -13,6 +13,7 @@ import signal
 
 from aiohttp import web
 
+from kuikproxy.blobs.store import BlobStore
 from kuikproxy.config import Config
 from kuikproxy.core.tickets import Operation
 from kuikproxy.fleet.backend import FleetBackend
@@ -103,7 +104,13 @@ class _Lifecycle:
             from kuikproxy.fleet.join import join  # redis-py only for a fleet
 
             fleet = self.fleet = await join(config.fleet)
-        pacer = app[PACER] = Pacer(config, registries, durable=durable, fleet=fleet)
+        blobs = config.cache.blobs
+        store = None
+        if blobs.path is not None:  # §15: the store's manifests are kept answers again
+            store = await BlobStore.open(blobs.path, blobs.max_bytes)
+        pacer = app[PACER] = Pacer(config, registries, durable=durable, fleet=fleet, store=store)
+        if pacer.cache is not None:
+            pacer.cache.restore(pacer.kept)
         if durable is not None:
             await durable.restore(pacer)
         metrics = app[METRICS] = Metrics(
@@ -136,8 +143,10 @@ class _Lifecycle:
         forwarding = app[FORWARDING]
         if forwarding is not None:
             forwarding.authority.close()
-        durable = app[PACER].durable
-        if durable is not None:  # the last write, once nothing changes any more
-            await durable.close()
+        pacer = app[PACER]
+        if pacer.durable is not None:  # the last write, once nothing changes any more
+            await pacer.durable.close()
+        if pacer.cache is not None:
+            await pacer.cache.close()
         if self.fleet is not None:
             await self.fleet.close()

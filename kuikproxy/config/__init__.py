@@ -12,6 +12,7 @@ from kuikproxy.config.loading import (
 )
 from kuikproxy.config.models import PUBLIC_REGISTRIES, Config
 from kuikproxy.config.process import (
+    BlobStoreSettings,
     CacheSettings,
     FleetSettings,
     ForwardProxyCA,
@@ -58,6 +59,7 @@ __all__ = [
     "EMBEDDED_DEFAULT_SOURCE",
     "PUBLIC_REGISTRIES",
     "QUOTA_PRESETS",
+    "BlobStoreSettings",
     "CacheSettings",
     "CheckSettings",
     "Config",

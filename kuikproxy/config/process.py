@@ -16,6 +16,7 @@ from kuikproxy.config.base import MODEL_CONFIG, PositiveInt, host_patterns
 from kuikproxy.config.fields import Duration, Size
 
 __all__ = [
+    "BlobStoreSettings",
     "CacheSettings",
     "FleetSettings",
     "ForwardProxyCA",
@@ -29,6 +30,18 @@ __all__ = [
 
 
 @dataclass(frozen=True, config=MODEL_CONFIG)
+class BlobStoreSettings:
+    """The pull-through store (SPEC §15): blobs and manifests by digest, on disk, read from the
+    registry once whoever asks, and served from the disk from then on."""
+
+    path: str | None = None
+    """A directory of its own; unset (the default) keeps no store: blobs stream through."""
+    max_bytes: Size = 10 * 1024**3
+    """At most this many bytes on disk, blobs being written included (default ``10Gi``);
+    the least recently used go first."""
+
+
+@dataclass(frozen=True, config=MODEL_CONFIG)
 class CacheSettings:
     """The cache of kept answers (R1, R6)."""
 
@@ -38,6 +51,8 @@ class CacheSettings:
     """At most this many kept answers; least recently used are evicted."""
     max_bytes: Size = 256 * 1024**2
     """At most this many bytes of kept bodies (default ``256Mi``)."""
+    blobs: BlobStoreSettings = Field(default_factory=BlobStoreSettings)
+    """The pull-through store of blobs and manifests on disk; off unless ``path`` is set."""
 
 
 @dataclass(frozen=True, config=MODEL_CONFIG)

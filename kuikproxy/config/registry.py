@@ -144,6 +144,10 @@ class RegistrySettings:
     """Verification of the upstream's certificate."""
     quota: QuotaSettings = Field(default_factory=QuotaSettings)
     """What the registry rations (SPEC §11); the empty default rations nothing."""
+    serve_stale: Literal[False, True, "checks"] = False
+    """While the host is blocked (§11) or unreachable, answer a manifest by tag from the
+    newest mapping in the store, however old (``Warning: 110``): ``true`` for pulls,
+    ``checks`` for kuik's checks too — a stale ``Available`` can hide a deletion (§15)."""
 
     def upstream_url(self, host: str) -> str:
         """The base URL of ``host``'s registry API, without a trailing slash."""

@@ -4,7 +4,8 @@ from the :class:`~kuikproxy.runtime.snapshot.Snapshot` of the scrape.
 The pacing state — ring sizes, laps, intervals, window outcomes, waiting requests, blocks — is
 the scheduler's, never kept twice (:class:`PacingCollector`); so are the priority levels'
 (:class:`FlowControlCollector`), the quota buckets' (:class:`QuotaCollector`), the refusals'
-(:class:`RefusalCollector`) and the fleet's (:class:`FleetCollector`). The per-ring series are
+(:class:`RefusalCollector`), the fleet's (:class:`FleetCollector`) and the pull-through
+store's (:class:`StoreCollector`). The per-ring series are
 rendered by hand (:func:`ring_families`, ~0.5 µs a sample against prometheus-client's ~5).
 """
 
@@ -20,7 +21,7 @@ from prometheus_client.utils import floatToGoString
 from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.quota import BucketView, QuotaSnapshot
 from kuikproxy.runtime.fleet import FleetView
-from kuikproxy.runtime.snapshot import RingStat, Snapshot
+from kuikproxy.runtime.snapshot import RingStat, Snapshot, StoreStats
 
 Scraped = Callable[[], Snapshot]
 """The snapshot of the scrape under way."""
@@ -282,3 +283,50 @@ class FleetCollector(_Scraping):
             connected.add_metric([], float(fleet.connected))
             size.add_metric([], float(fleet.size))
         return [connected, size]
+
+
+class StoreCollector(_Scraping):
+    """The pull-through store (§15): bytes and reads by source, its size, evictions, stale
+    answers. No samples without a store: a proxy without one has nothing to show."""
+
+    def describe(self) -> list[Metric]:
+        return list(self._families(None))
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families(self._scraped().store))
+
+    @staticmethod
+    def _families(store: StoreStats | None) -> list[Metric]:
+        served = CounterMetricFamily(
+            "kuik_proxy_cache_bytes",
+            "Bytes of blobs and manifests by digest given to clients, by source: store (from "
+            "the disk), shared (another client's registry read, followed as it arrived) or "
+            "registry (read from the registry for this client).",
+            labels=["source"],
+        )
+        reads = CounterMetricFamily(
+            "kuik_proxy_cache_reads",
+            "Reads of content by digest given to clients, by source: store, shared, registry.",
+            labels=["source"],
+        )
+        size = GaugeMetricFamily("kuik_proxy_store_bytes", "Bytes in the store on disk.")
+        limit = GaugeMetricFamily("kuik_proxy_store_max_bytes", "cache.blobs.maxBytes.")
+        blobs = GaugeMetricFamily("kuik_proxy_store_blobs", "Blobs and manifests in the store.")
+        evictions = CounterMetricFamily(
+            "kuik_proxy_store_evictions", "Blobs evicted from the store, least recently used."
+        )
+        stale = CounterMetricFamily(
+            "kuik_proxy_stale_answers",
+            "Manifests answered from the store while their registry was blocked or unreachable "
+            "(serveStale).",
+        )
+        if store is not None:
+            for source in ("store", "shared", "registry"):
+                served.add_metric([source], store.served_bytes.get(source, 0))
+                reads.add_metric([source], store.reads.get(source, 0))
+            size.add_metric([], store.bytes)
+            limit.add_metric([], store.max_bytes)
+            blobs.add_metric([], store.blobs)
+            evictions.add_metric([], store.evictions)
+            stale.add_metric([], store.stale)
+        return [served, reads, size, limit, blobs, evictions, stale]

@@ -9,8 +9,9 @@ The edge gets a :class:`Reply` from :meth:`Pacer.read`: a whole answer, or the r
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import BinaryIO
 
 from multidict import CIMultiDict
 from yarl import URL
@@ -103,9 +104,14 @@ class RegistryRequest:
     @property
     def authorization(self) -> str | None:
         """The client's own ``Authorization``, if it sent one."""
+        return self.header("Authorization")
+
+    def header(self, name: str) -> str | None:
+        """The client's header ``name`` (its first value), if it sent one."""
         if isinstance(self.sent, Mapping):
-            return self.sent.get("Authorization")
-        return next((v for k, v in self.sent if k.lower() == "authorization"), None)
+            return self.sent.get(name)
+        name = name.lower()
+        return next((v for k, v in self.sent if k.lower() == name), None)
 
     def url(self, base: URL) -> URL:
         """Where this read goes on a registry served at ``base``."""
@@ -198,12 +204,44 @@ class Opened:
         return await self.response.read(limit)
 
 
+@dataclass(slots=True)
+class Body:
+    """Content by digest on disk for one client (§15): a blob or manifest in the store, or one
+    being read from the registry for everyone who asked, which ``file`` follows as it grows.
+
+    ``ready(offset)`` is how many bytes from the start may be sent, once more than ``offset``
+    may (or all of them are); it raises :class:`~kuikproxy.errors.UpstreamError` when the read
+    failed, and holds the last bytes back until the whole is known to hash to ``digest``."""
+
+    digest: str
+    size: int
+    media_type: str | None
+    file: BinaryIO  # this client's own: reads at offsets, closed when the read ends
+    ready: Callable[[int], Awaitable[int]]
+    # where its bytes come from: "store" (whole on disk), "registry" (this client's read of
+    # it), "shared" (another client's read of it, followed)
+    source: str
+    sent: int = 0  # bytes the edge sent of it, counted when the read ends
+
+    @property
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        """What the registry would answer a read of it with, for either method."""
+        return (
+            ("Content-Type", self.media_type or "application/octet-stream"),
+            ("Content-Length", str(self.size)),
+            ("Docker-Content-Digest", self.digest),
+            ("Accept-Ranges", "bytes"),
+            ("Docker-Distribution-API-Version", "registry/2.0"),
+        )
+
+
 @dataclass(slots=True)  # one per read: not frozen, see RegistryRequest
 class Reply:
     """What a read gets from the runtime: a whole ``answer`` (kept, R1, or read once for every
-    waiter, R2), or the registry's answer ``opened`` to stream."""
+    waiter, R2), the registry's answer ``opened`` to stream, or content on disk (``body``)."""
 
     answer: Answer | None = None
     opened: Opened | None = None
+    body: Body | None = None
     hit: bool = False  # a kept answer served it at once (R1)
     stale: bool = False  # kept, given while its host is blocked, however old (§11, P14)

@@ -39,6 +39,7 @@ from kuikproxy.runtime.collectors import (
     PacingCollector,
     QuotaCollector,
     RefusalCollector,
+    StoreCollector,
     ring_families,
 )
 from kuikproxy.runtime.snapshot import Snapshot
@@ -80,6 +81,7 @@ class Metrics:
             FlowControlCollector,
             QuotaCollector,
             FleetCollector,
+            StoreCollector,
         ):
             self.registry.register(collector(self._scrape))
         self.requests = Counter(

@@ -1,10 +1,8 @@
 """The runtime's one entry point: every host's pacing on one event loop, and every read.
 
-:meth:`Pacer.read` is the whole life of a registry read after the edge classified it: the
-fleet's kept answers (R1), admission (a kept answer, a go, or a park until the window,
-:mod:`~kuikproxy.runtime.host`), ``check.maxHold`` and ``copy.timeout``, the host's quota and a
-seat (§10, §11), the upstream request, and the end of a copy's request (P9). The edge renders
-what it yields; it never sees the upstream client.
+:meth:`Pacer.read` is the whole life of a registry read after the edge classified it
+(:class:`~kuikproxy.runtime.read.Read`); the pacer holds what a read asks of the process: the
+hosts, admission, the quota and seats, the upstream request, the pull-through store (§15).
 
 Each host's state is a :class:`~kuikproxy.runtime.host.Host`, made at its first request (at
 start for a configured one) and let go of when unused (P8); the pacer keeps them, reloads them
@@ -16,17 +14,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from types import TracebackType
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from yarl import URL
 
+from kuikproxy.blobs.store import BlobStore
 from kuikproxy.config import Config
 from kuikproxy.core.digests import content_of
 from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.limits import Census
+from kuikproxy.core.stored import serves_stale
 from kuikproxy.core.tickets import Operation
-from kuikproxy.errors import TooManyRequests, Unavailable, UpstreamTimeout
+from kuikproxy.errors import Unavailable, UpstreamTimeout
 from kuikproxy.fleet.backend import FleetBackend
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.fleet import FleetLink
@@ -34,9 +33,17 @@ from kuikproxy.runtime.flow import FlowGate
 from kuikproxy.runtime.host import Admitted
 from kuikproxy.runtime.hosts import Hosts, limits_of
 from kuikproxy.runtime.kept import KeptAnswers
-from kuikproxy.runtime.messages import Answer, Go, Headers, Opened, RegistryRequest, Reply
-from kuikproxy.runtime.parking import Waiter
+from kuikproxy.runtime.messages import (
+    KUIK_RESOURCE,
+    Answer,
+    Go,
+    Headers,
+    Opened,
+    RegistryRequest,
+)
 from kuikproxy.runtime.pings import Pings
+from kuikproxy.runtime.pullthrough import PullThrough
+from kuikproxy.runtime.read import Read
 from kuikproxy.runtime.reads import send
 from kuikproxy.runtime.services import Services
 from kuikproxy.runtime.sweeps import Sweeps
@@ -47,111 +54,6 @@ from kuikproxy.upstream.registries import Registries
 WaitObserver = Callable[[str, Operation, float], None]
 
 
-class Read:
-    """One read, from admission to its end: a whole answer, or the registry's answer to stream,
-    open inside the block; a copy's request ends with it (P9).
-
-    Written out rather than made with ``asynccontextmanager``: a held request pays for every
-    frame it sits in, and a kept answer for every object made on its way (the hot path)."""
-
-    __slots__ = ("_go", "_opened", "_pacer", "_request")
-
-    def __init__(self, pacer: Pacer, request: RegistryRequest) -> None:
-        self._pacer = pacer
-        self._request = request
-        self._go: Go | None = None  # released to go upstream: ended on the way out
-        self._opened: AsyncExitStack | None = None  # the seat and the registry's answer
-
-    async def __aenter__(self) -> Reply:
-        pacer, request = self._pacer, self._request
-        if pacer._closed:
-            raise Unavailable("kuikproxy is shutting down", refusal="shutdown")
-        if not request.paced:  # a destination kuik owns (§4.3): straight through
-            return await self._open(None, seated=True)
-        if request.gate.paced_exempt and request.flow.exempt:
-            return await self._exempt()
-        if pacer.fleet is not None and request.operation is Operation.CHECK:
-            await pacer._from_fleet(request)
-        admitted = pacer.admit(request)
-        if isinstance(admitted, Answer):
-            return Reply(answer=admitted, hit=True)
-        if isinstance(admitted, Waiter):  # awaited here, in this frame: no coroutine of its own
-            loop, waiter = pacer.loop, admitted
-            held_since = loop.time()
-            cancelled = False
-            try:
-                outcome = await waiter.future
-            except asyncio.CancelledError:
-                cancelled = True
-                raise
-            finally:
-                waiter.parking.unpark(waiter, cancelled=cancelled)
-            for waited in pacer.waits:
-                waited(request.host, request.operation, loop.time() - held_since)
-            if isinstance(outcome, Answer):
-                return Reply(answer=outcome)
-            go = outcome
-        else:
-            go = admitted
-        try:
-            if request.operation is Operation.CHECK:
-                timeout = pacer._check_timeout(request.host)
-            else:
-                timeout = pacer._left(go, request.host)
-            reply = await self._open(timeout, seated=True)
-        except BaseException:
-            go.done()  # its part of the copy ends here: it never went
-            raise
-        self._go = go
-        return reply
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            if self._opened is not None:
-                await self._opened.__aexit__(et, e, tb)
-        finally:
-            if self._go is not None:
-                self._go.done()
-
-    async def _open(self, timeout: float | None, *, seated: bool) -> Reply:
-        """Send the read with the host's quota and a seat (``seated``), or with a seat that
-        never waits (an exempt read, P14); the answer stays open until :meth:`__aexit__`."""
-        pacer, request = self._pacer, self._request
-        stack = AsyncExitStack()
-        try:
-            await stack.enter_async_context(
-                pacer.upstream(request) if seated else request.flow.seat()
-            )
-            opened = await stack.enter_async_context(pacer._send(request, timeout))
-        except BaseException:
-            await stack.aclose()
-            raise
-        self._opened = stack
-        return Reply(opened=opened)
-
-    async def _exempt(self) -> Reply:
-        """A read on an ``Exempt`` priority level (kuik's webhook availability check): never
-        paced, bounded by ``check.timeout`` alone (P14). It never adds to the count of a
-        registry that said stop: while the host is blocked it is answered from a kept answer,
-        however old (marked stale), or refused with the block's remaining time (§11)."""
-        pacer, request = self._pacer, self._request
-        now = pacer.loop.time()
-        until = pacer.blocked_until(request.host, now)
-        if until is None:
-            return await self._open(pacer._check_timeout(request.host), seated=False)
-        kept = pacer.kept.find(request)
-        if kept is None:
-            raise TooManyRequests(
-                f"{request.host} asked kuikproxy to stop; no kept answer to give instead",
-                refusal="blocked",
-                detail={"host": request.host},
-                retry_after=until - now,
-            )
-        return Reply(answer=kept, hit=True, stale=True)
-
-
 class Pacer(Hosts):
     """Every host's pacing, on one event loop, and every read."""
 
@@ -159,9 +61,11 @@ class Pacer(Hosts):
         self,
         config: Config,
         registries: Registries,
+        *,
         loop: asyncio.AbstractEventLoop | None = None,
         durable: Durable | None = None,
         fleet: FleetBackend | None = None,
+        store: BlobStore | None = None,
     ) -> None:
         loop = self.loop = loop or asyncio.get_running_loop()
         self.started = loop.time()
@@ -186,8 +90,11 @@ class Pacer(Hosts):
             durable, s.fleet, s.observers, s.tasks
         )  # fmt: skip
         self.waits: list[WaitObserver] = []
+        # the pull-through store (§15), if one is configured
+        self.cache = None if store is None else PullThrough(store, lambda: self.config, s.spawn)
+        s.cache = self.cache
         self.pings = Pings(registries, loop.time)
-        self._closed = False
+        self.closed = False
         self._keep_hosts()
 
     @property
@@ -205,10 +112,16 @@ class Pacer(Hosts):
         reply`` gives what to give the client, open inside the block."""
         return Read(self, request)
 
-    def _check_timeout(self, host: str) -> float | None:
+    def serves_stale(self, request: RegistryRequest) -> bool:
+        """Whether ``request`` may be answered stale while its host cannot be asked (§15)."""
+        setting = self.config.registry(request.host).serve_stale
+        check = request.operation is Operation.CHECK
+        return serves_stale(setting, check, request.header(KUIK_RESOURCE) is not None)
+
+    def check_timeout(self, host: str) -> float | None:
         return self.config.registry(host).check.timeout or None
 
-    def _left(self, go: Go, host: str) -> float | None:
+    def left(self, go: Go, host: str) -> float | None:
         """What is left of a copy's ``copy.timeout`` (504 at once when nothing is)."""
         if go.deadline is None:
             return None
@@ -217,14 +130,14 @@ class Pacer(Hosts):
             raise UpstreamTimeout(f"{host}: the copy's copy.timeout has run out")
         return left
 
-    def _send(
+    def send_read(
         self, request: RegistryRequest, timeout: float | None
     ) -> AbstractAsyncContextManager[Opened]:
         """The registry request for a read, built once it may go (not while it waits)."""
         upstream = request.upstream(self.registries.base(request.host), timeout)
         return send(self.registries, request.host, upstream, content=content_of(request.image))
 
-    async def _from_fleet(self, request: RegistryRequest) -> None:
+    async def from_fleet(self, request: RegistryRequest) -> None:
         """Before a check is admitted: when no answer kept here may serve it, the answers the
         fleet keeps are kept here too, so that an image another proxy read serves this one's
         resources as R1 says (read once per lap for the whole fleet)."""
@@ -294,6 +207,8 @@ class Pacer(Hosts):
         self.registries.configure(config)
         old, self.services.config = self.config, config
         self.kept.resize(config.cache.max_entries, config.cache.max_bytes)
+        if self.cache is not None:
+            self.cache.store.resize(config.cache.blobs.max_bytes)
         if config.flow_control != old.flow_control:
             self.services.flow = FlowGate(config.flow_control, self.loop)
         self._reconfigure_hosts(config, self.loop.time())
@@ -325,7 +240,7 @@ class Pacer(Hosts):
             self.services.spawn(runtime.fleet.block(host, until))
 
     async def close(self) -> None:
-        self._closed = True
+        self.closed = True
         error = Unavailable("kuikproxy is shutting down", refusal="shutdown")
         for host in self._hosts.values():
             host.close(error)

@@ -118,20 +118,7 @@ class Reader:
         async with seat:
             upstream = request.upstream(registries.base(self.name), timeout)
             async with send(registries, self.name, upstream) as response:
-                limit = MAX_MANIFEST if response.status == 200 else MAX_ERROR_BODY
-                body = b"" if request.method == "HEAD" else await response.read(limit)
-        signer = request.signer if request.auth is None else None
-        answer = Answer(
-            response.status,
-            tuple(response.headers.items()),
-            body,
-            request.method,
-            at,
-            request.auth,
-            signer,
-            request.accept,
-        )
-        return verified(request, answer)
+                return await whole(request, response, at)
 
     async def check_read(self, read: Read) -> None:
         sent, request = self.template(read)
@@ -154,7 +141,7 @@ class Reader:
         else:
             kept = is_kept_status(answer.status)
             if kept:
-                self.keep(read.image.key, answer)
+                self.keep(request, answer)
                 digest = answer.header("docker-content-digest")
             # a 429 is the registry saying stop, not an answer about the image: its block is in
             # force (the budget heard it) and the requests keep waiting through it (§11)
@@ -200,7 +187,7 @@ class Reader:
             self.parking.resolve(failed, error)  # the others go themselves, with their own
             return failed
         if is_kept_status(answer.status):
-            self.keep(read.image.key, answer)
+            self.keep(request, answer)
         # on a 429 nobody is served: each request of the copy goes itself, and its quota wait
         # holds it until the block is over (§11)
         served = [] if answer.status == 429 else self.served_by(answer, sent, read)
@@ -225,9 +212,14 @@ class Reader:
         found = await fleet.find(request)
         return newest_fresh(found, oldest, lambda answer: answer.may_serve(request))
 
-    def keep(self, image_key: str, answer: Answer) -> None:
-        """Keep an answer (R1), for the fleet too when the host is shared."""
+    def keep(self, request: RegistryRequest, answer: Answer) -> None:
+        """Keep an answer (R1): for the fleet too when the host is shared, and a manifest in
+        the pull-through store too when there is one (§15)."""
+        image_key = request.image.key
         self.services.kept.keep(self.name, image_key, answer)
+        cache = self.services.cache
+        if cache is not None:
+            cache.keep(request, answer)
         fleet = self.fleet
         if fleet is not None:
             ttl = self.services.config.cache.max_age
@@ -240,6 +232,25 @@ class Reader:
 
     def copy_done(self) -> None:
         self.scheduler.copy_request_done(self.services.loop.time())
+
+
+async def whole(request: RegistryRequest, response: Opened, at: float) -> Answer:
+    """The registry's answer to ``request`` read whole (manifests and error bodies are small),
+    its content checked against its digest (:func:`verified`); ``at``: when it was read."""
+    limit = MAX_MANIFEST if response.status == 200 else MAX_ERROR_BODY
+    body = b"" if request.method == "HEAD" else await response.read(limit)
+    signer = request.signer if request.auth is None else None
+    answer = Answer(
+        response.status,
+        tuple(response.headers.items()),
+        body,
+        request.method,
+        at,
+        request.auth,
+        signer,
+        request.accept,
+    )
+    return verified(request, answer)
 
 
 @asynccontextmanager

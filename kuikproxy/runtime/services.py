@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kuikproxy.config import Config
 from kuikproxy.core.limits import Census
@@ -20,6 +20,9 @@ from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.flow import FlowGate
 from kuikproxy.runtime.kept import KeptAnswers
+
+if TYPE_CHECKING:  # it is made with the services it uses (spawn)
+    from kuikproxy.runtime.pullthrough import PullThrough
 from kuikproxy.runtime.sweeps import Sweeps
 from kuikproxy.upstream.registries import Registries
 
@@ -39,6 +42,7 @@ class Services:
     durable: Durable | None  # where the pacing state survives restarts (P13), if anywhere
     fleet: FleetLink | None  # the proxies this one shares registries' budgets with, if any
     observers: list[WindowObserver] = field(default_factory=list)
+    cache: PullThrough | None = None  # the pull-through store (§15), if one is configured
     # every task the runtime started, cancelled and awaited at shutdown
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 

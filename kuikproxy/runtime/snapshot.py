@@ -39,6 +39,19 @@ class KeptStats:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreStats:
+    """The pull-through store (§15, ``/status.cache.store``): what it holds, what it saved."""
+
+    blobs: int
+    bytes: int  # on disk, blobs being written included
+    max_bytes: int
+    evictions: int
+    served_bytes: dict[str, int]  # source (store, registry) → bytes given to clients
+    reads: dict[str, int]  # source → reads
+    stale: int  # answers given stale while their registry could not be asked
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """The runtime at ``now`` (loop time); ``wall_offset`` turns loop time into wall time, for
     display only. Parts that were not asked of :func:`snapshot` are empty."""
@@ -56,6 +69,7 @@ class Snapshot:
     refused: dict[str, dict[str, int]]  # host → reason → count, for hosts with state (§12)
     refused_elsewhere: dict[str, int]  # reason → count, for what no host's state answers for
     kept: KeptStats
+    store: StoreStats | None  # None: no pull-through store configured
     ring_stats: list[tuple[str, list[RingStat]]]  # host → its rings, for a scrape
     progress: dict[tuple[str, str], tuple[int | None, int]]  # (host, resource) → (place, waiting)
     recent: dict[tuple[str, Operation], list[tuple[float, str]]]  # the viewed hosts' windows
@@ -96,10 +110,22 @@ def snapshot(
         refused=pacer.refusals(),
         refused_elsewhere=dict(pacer.refused.counts),
         kept=KeptStats(len(kept), kept.bytes, kept.hits, kept.misses),
+        store=_store(pacer),
         ring_stats=_ring_stats(pacer, ring_stats),
         progress=_progress(views, schedulers, progress),
         recent={} if log is None else _recent(log, views),
     )
+
+
+def _store(pacer: Pacer) -> StoreStats | None:
+    cache = pacer.cache
+    if cache is None:
+        return None
+    store, counts = cache.store, cache.counts
+    return StoreStats(
+        store.count, store.used, store.max_bytes, store.evictions,
+        dict(counts.bytes), dict(counts.reads), counts.stale,
+    )  # fmt: skip
 
 
 def _ring_stats(pacer: Pacer, limit: int) -> list[tuple[str, list[RingStat]]]:

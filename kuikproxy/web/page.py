@@ -27,6 +27,7 @@ from kuikproxy.web.page_rows import (
     level_rows,
     refusal_rows,
     ring_rows,
+    store_rows,
     wall_clock,
 )
 
@@ -156,6 +157,7 @@ def render(snap: Snapshot, cards: Collection[str]) -> str:
         f"<main>{legend()}"
         f'<h2 class="section-title">Registries</h2>{hosts}'
         f'<h2 class="section-title">Resources</h2>{ring_rows(snap)}'
+        f'<h2 class="section-title">Store</h2>{store_rows(snap)}'
         f'<h2 class="section-title">Flow control</h2>{level_rows(snap)}'
         f'<h2 class="section-title">Refused</h2>{refusal_rows(snap)}'
         "</main></body></html>"

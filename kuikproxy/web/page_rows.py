@@ -360,6 +360,33 @@ def refusal_rows(snap: Snapshot) -> str:
     )
 
 
+def store_rows(snap: Snapshot) -> str:
+    """The pull-through store (§15): what it holds, and what it saved the registries."""
+    store = snap.store
+    if store is None:
+        return '<p class="muted">No store (cache.blobs.path): blobs stream through.</p>'
+    served = store.served_bytes
+    disk, shared, read = served["store"], served["shared"], served["registry"]
+    given = disk + shared + read
+    saving = f"{100 * (disk + shared) / given:.0f}%" if given else "nothing yet"
+    facts = (
+        ("given from the store", _mib(disk)),
+        ("given from another client's read", _mib(shared)),
+        ("read from registries", _mib(read)),
+        ("saved the registries", saving),
+        ("on disk", f"{_mib(store.bytes)} of {_mib(store.max_bytes)}"),
+        ("blobs", _number(store.blobs)),
+        ("evicted", _number(store.evictions)),
+        ("stale answers", _number(store.stale)),
+    )
+    items = "".join(f'<span class="fact"><span class="k">{k}</span> {v}</span>' for k, v in facts)
+    return f'<div class="card"><div class="facts">{items}</div></div>'
+
+
+def _mib(size: int) -> str:
+    return f"{size / 1024**2:,.1f} MiB"
+
+
 def legend() -> str:
     items = "".join(
         f'<span class="count"><i style="background:{OUTCOME_COLORS[o]}"></i>'

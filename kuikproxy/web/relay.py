@@ -18,7 +18,7 @@ from yarl import URL
 from kuikproxy.core.digests import Content, Hasher, algorithm_of, hasher, matches
 from kuikproxy.errors import UpstreamError
 from kuikproxy.runtime.content import MAX_MANIFEST, mismatch
-from kuikproxy.runtime.messages import Answer, Opened
+from kuikproxy.runtime.messages import Answer, Body, Opened
 from kuikproxy.web.classify import Target
 
 
@@ -148,6 +148,73 @@ async def _relay_checked(answer: Opened, response: web.StreamResponse, check: Co
 def _update(hashing: Hasher, chunks: list[bytes]) -> None:
     for chunk in chunks:
         hashing.update(chunk)
+
+
+async def send_body(request: web.Request, body: Body, ns: str | None) -> web.StreamResponse:
+    """Content by digest on disk (§15), whole or the byte range asked for, sent from the file
+    as it may be (:attr:`Body.ready`): with ``sendfile`` on a plain connection, the kernel
+    copies it. A read from the registry that fails breaks the client's connection off."""
+    out = _client_headers(CIMultiDict(body.headers), ns)
+    start, end, status = 0, body.size, 200
+    asked = request.headers.get("Range") if request.method == "GET" else None
+    if asked is not None:
+        span = byte_range(asked, body.size)
+        if span is None:
+            out["Content-Range"] = f"bytes */{body.size}"
+            out["Content-Length"] = "0"
+            return web.Response(status=416, headers=out)
+        if span != (0, body.size):
+            start, end, status = *span, 206
+            out["Content-Range"] = f"bytes {start}-{end - 1}/{body.size}"
+    out.popall("Content-Length", None)
+    response = web.StreamResponse(status=status, headers=out)
+    response.content_length = end - start
+    await response.prepare(request)
+    if request.method == "HEAD":
+        return response
+    loop = asyncio.get_running_loop()
+    offset = start
+    try:
+        while offset < end:
+            ready = min(await body.ready(offset), end)
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                return response  # the client went away: nothing to tell it
+            await loop.sendfile(transport, body.file, offset, ready - offset)
+            body.sent += ready - offset
+            offset = ready
+    except UpstreamError as error:
+        log.warning("%s: %s; breaking off the client's answer", body.digest, error.message)
+        return _break_off(request, response)
+    except ConnectionError:
+        return response
+    await response.write_eof()
+    return response
+
+
+def byte_range(value: str, size: int) -> tuple[int, int] | None:
+    """The one range ``bytes=a-b``, ``bytes=a-`` or ``bytes=-n`` of a ``Range`` header over
+    ``size`` bytes, as ``[start, end)``; None when it cannot be satisfied. Anything else (other
+    units, several ranges, nonsense) is the whole: RFC 9110 lets a server ignore ``Range``."""
+    unit, _, spec = value.partition("=")
+    first, dash, last = spec.strip().partition("-")
+    whole = (0, size)
+    if unit.strip().lower() != "bytes" or not dash or "," in spec:
+        return whole
+    first, last = first.strip(), last.strip()
+    if not (first.isdigit() or first == "") or not (last.isdigit() or last == ""):
+        return whole
+    if first == "":  # the last n bytes
+        if last == "" or int(last) == 0:
+            return None if last else whole
+        return (max(0, size - int(last)), size)
+    start = int(first)
+    if last != "" and int(last) < start:
+        return whole  # not a range at all
+    end = size if last == "" else min(size, int(last) + 1)
+    if start >= size:
+        return None
+    return (start, end)
 
 
 def _break_off(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:

@@ -8,8 +8,8 @@ path, counted (``kuik_proxy_config_reloads_total{result="error"}``) and shown in
 ``/status.config.lastError`` until a valid file replaces it. A file that reads the same as the
 running config (a touch, an editor's save without change) changes nothing and is not counted.
 
-Settings that only take effect at start — ``listen`` and ``state.path`` — are logged as such
-when they change, and the rest of the file is applied.
+Settings that only take effect at start — ``listen``, ``state.path`` and ``cache.blobs.path``
+— are logged as such when they change, and the rest of the file is applied.
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ class Reloader:
         for name, before, after in (
             ("listen", old.listen, config.listen),
             ("state.path", old.state.path, config.state.path),
+            ("cache.blobs.path", old.cache.blobs.path, config.cache.blobs.path),
         ):
             if before != after:
                 log.warning(

@@ -21,7 +21,7 @@ from kuikproxy.web.observe import metrics_page, status, status_schema
 from kuikproxy.web.oci import API_VERSION, error_response
 from kuikproxy.web.page import status_page
 from kuikproxy.web.proxying import ProxyRequests, RegistryPaths
-from kuikproxy.web.relay import answer_response, relocate, stream
+from kuikproxy.web.relay import answer_response, relocate, send_body, stream
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +89,12 @@ def locate(request: web.Request) -> tuple[Located, str | None]:
 
 
 async def render(request: web.Request, reply: Reply, ns: str | None) -> web.StreamResponse:
-    """What the runtime gave a read, to its client: whole, or streamed as it arrives."""
+    """What the runtime gave a read, to its client: whole, streamed as it arrives, or from the
+    pull-through store's disk."""
     if reply.opened is not None:
         return await stream(request, reply.opened, ns)
+    if reply.body is not None:
+        return await send_body(request, reply.body, ns)
     assert reply.answer is not None
     response = answer_response(request, reply.answer, ns)
     if reply.stale:

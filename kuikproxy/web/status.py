@@ -110,11 +110,24 @@ class ResourceStatus(_Model):
     copies: Queues
 
 
+class StoreStatus(_Model):
+    """The pull-through store (§15): what it holds, and what it saved the registries."""
+
+    blobs: int
+    bytes: int
+    max_bytes: int = Field(alias="maxBytes")
+    evictions: int
+    served_bytes: dict[str, int] = Field(alias="servedBytes")
+    reads: dict[str, int]
+    stale: int
+
+
 class CacheStatus(_Model):
     entries: int
     bytes: int
     hits: int
     misses: int
+    store: StoreStatus | None = None
 
 
 class ConfigStatus(_Model):
@@ -331,7 +344,21 @@ def build_status(
         resourcesNext=page.next,
         refused=snap.refused_elsewhere,
         cache=CacheStatus(
-            entries=kept.entries, bytes=kept.bytes, hits=kept.hits, misses=kept.misses
+            entries=kept.entries,
+            bytes=kept.bytes,
+            hits=kept.hits,
+            misses=kept.misses,
+            store=None
+            if (s := snap.store) is None
+            else StoreStatus(
+                blobs=s.blobs,
+                bytes=s.bytes,
+                maxBytes=s.max_bytes,
+                evictions=s.evictions,
+                servedBytes=s.served_bytes,
+                reads=s.reads,
+                stale=s.stale,
+            ),
         ),
         flowControl=flow_control_status(snap.server_concurrency_limit, snap.levels, clock),
         fleet=None if snap.fleet is None else fleet_status(snap.fleet, clock),

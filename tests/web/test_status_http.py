@@ -51,7 +51,8 @@ async def test_s8_status_validates_against_its_schema_after_laps_copies_and_filt
     assert ring["cycleDuration"] is not None  # a lap completed
     assert set(ring) == {"registry", "images", "cursor", "cycleStarted", "cycleDuration"}
     assert whole["resources"]["node"]["copies"]["registries"][0]["queued"] >= 1
-    assert {"entries", "bytes", "hits", "misses"} == set(whole["cache"])
+    assert {"entries", "bytes", "hits", "misses", "store"} == set(whole["cache"])
+    assert whole["cache"]["store"] is None  # no pull-through store configured (§15)
     assert whole["config"]["generation"] == 1
     for query in ({"resource": "monitor-a"}, {"registry": HOST}, {"registry": "nowhere.test"}):
         narrowed = await (await client.get("/status", params=query)).json()

@@ -1,0 +1,51 @@
+"""What the pull-through store may answer (§15), as predicates over plain values.
+
+Content by digest in the store is someone's read of it: whose (R5) decides who else may have
+it, as for kept answers. And a stale manifest — the newest a tag was known to name, however
+old — is given only while its registry cannot be asked, and only to the requests the operator
+chose (``serveStale``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+from kuikproxy.core.reuse import shared_with
+
+ServeStale = Literal[False, True, "checks"]
+
+
+def owner_parts(owner: str | None) -> tuple[str | None, str | None]:
+    """An owner key (:func:`~kuikproxy.core.reuse.owner_key`) as the (auth, signer) pair."""
+    if owner is not None and owner.startswith("own:"):
+        return None, owner[len("own:") :]
+    return owner, None
+
+
+def content_serves(
+    owners: Iterable[str | None],
+    proved: bool,
+    request_auth: str | None,
+    request_signer: str | None,
+) -> bool:
+    """R5 for stored content: a request may have it when one of the reads that stored it
+    (``owners``) shares with it — anonymous, kuikproxy's own credentials, or the identical
+    ``Authorization`` — or when it ``proved`` access to that repository (a manifest of it
+    answered 200 to the same ``Authorization`` lately): registries hand every client a token
+    of its own, so the identical header alone would share nothing between two nodes."""
+    if proved:
+        return True
+    return any(
+        shared_with(*owner_parts(owner), 200, request_auth, request_signer) for owner in owners
+    )
+
+
+def serves_stale(setting: ServeStale, check: bool, from_kuik: bool) -> bool:
+    """Whether a manifest read by tag may be answered stale while its registry cannot be asked:
+    pulls when ``serveStale`` is on; kuik's own checks (a ``Kuik-Resource`` header) only with
+    ``checks`` — a stale "Available" would hide an image deleted meanwhile. A node's own HEAD
+    by tag (containerd resolves a tag that way before every pull) counts as a pull."""
+    if setting is False:
+        return False
+    return not (check and from_kuik) or setting == "checks"

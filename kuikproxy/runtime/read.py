@@ -1,0 +1,214 @@
+"""One read, from admission to its end (:meth:`Pacer.read <kuikproxy.runtime.pacer.Pacer.read>`).
+
+The fleet's kept answers (R1), admission (a kept answer, a go, or a park until the window,
+:mod:`~kuikproxy.runtime.host`), ``check.maxHold`` and ``copy.timeout``, the host's quota and a
+seat (§10, §11), the upstream request, and the end of a copy's request (P9); with a pull-through
+store, content by digest from the disk and a blob's one read for everyone (§15). The edge
+renders what it yields; it never sees the upstream client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from kuikproxy.core.images import BLOBS, MANIFESTS
+from kuikproxy.core.tickets import Operation
+from kuikproxy.errors import TooManyRequests, Unavailable, UpstreamTimeout, UpstreamUnreachable
+from kuikproxy.runtime.messages import Answer, Body, Go, Reply
+from kuikproxy.runtime.parking import Waiter
+from kuikproxy.runtime.pullthrough import PullThrough, stored_by_digest
+from kuikproxy.runtime.reads import whole
+
+if TYPE_CHECKING:  # the pacer makes reads; a read only calls it back
+    from kuikproxy.runtime.messages import RegistryRequest
+    from kuikproxy.runtime.pacer import Pacer
+
+
+class Read:
+    """One read, from admission to its end: a whole answer, or the registry's answer to stream,
+    open inside the block; a copy's request ends with it (P9).
+
+    Written out rather than made with ``asynccontextmanager``: a held request pays for every
+    frame it sits in, and a kept answer for every object made on its way (the hot path)."""
+
+    __slots__ = ("_body", "_go", "_opened", "_pacer", "_request")
+
+    def __init__(self, pacer: Pacer, request: RegistryRequest) -> None:
+        self._pacer = pacer
+        self._request = request
+        self._go: Go | None = None  # released to go upstream: ended on the way out
+        self._opened: AsyncExitStack | None = None  # the seat and the registry's answer
+        self._body: Body | None = None  # content on disk, this client's to close
+
+    async def __aenter__(self) -> Reply:
+        pacer = self._pacer
+        if pacer.closed:
+            raise Unavailable("kuikproxy is shutting down", refusal="shutdown")
+        if pacer.cache is None:
+            return await self._reply()
+        return await self._through(pacer.cache)
+
+    async def _through(self, cache: PullThrough) -> Reply:
+        """The read with a pull-through store (§15): content by digest from the disk, or from
+        the one read of it under way; a blob read from the registry goes to the disk for
+        everyone; a manifest by tag stale while its registry cannot be asked."""
+        pacer, request = self._pacer, self._request
+        image = request.image
+        claimed = None
+        try:
+            if stored_by_digest(image):
+                body = await self._stored(cache)
+                if body is not None:
+                    return Reply(body=body, hit=body.source == "store")
+                if image.route == BLOBS and request.method == "GET":
+                    claimed = image.reference  # this read is the one that goes (claim)
+            stale = pacer.serves_stale(request)
+            if stale and pacer.blocked_until(request.host, pacer.loop.time()) is not None:
+                answer = cache.stale(request)
+                if answer is not None:
+                    return Reply(answer=answer, hit=True, stale=True)
+            try:
+                reply = await self._reply()
+            except (UpstreamUnreachable, UpstreamTimeout):  # a 5xx is the registry speaking
+                answer = cache.stale(request) if stale else None
+                if answer is None:
+                    raise
+                return Reply(answer=answer, hit=True, stale=True)
+            return await self._kept(cache, reply)
+        finally:
+            if claimed is not None:
+                cache.release(claimed)
+
+    async def _stored(self, cache: PullThrough) -> Body | None:
+        """``request``'s content from the store or a read under way, waiting while another
+        client's read of the same blob is being sent (it may serve this one too)."""
+        request = self._request
+        while True:
+            body = cache.find(request)
+            if body is not None:
+                self._body = body
+                return body
+            if request.image.route != BLOBS or request.method != "GET":
+                return None
+            opening = cache.claim(request.image.reference)
+            if opening is None:
+                return None
+            await opening.wait()
+
+    async def _kept(self, cache: PullThrough, reply: Reply) -> Reply:
+        """What of the registry's answer the store keeps: a blob's bytes (for everyone who
+        asks, :meth:`PullThrough.fill`), a manifest by digest, proofs of access (R5)."""
+        request, opened, image = self._request, reply.opened, self._request.image
+        status = reply.answer.status if reply.answer is not None else None
+        if opened is not None:
+            status = opened.status
+        if status != 200:
+            return reply
+        if image.route == MANIFESTS:
+            cache.proved(request)
+        if opened is None or request.method != "GET":
+            return reply
+        if image.route == BLOBS:
+            assert self._opened is not None
+            body = cache.fill(request, opened, self._opened)
+            if body is not None:
+                self._opened, self._body = None, body  # the fill holds the read from now on
+                return Reply(body=body)
+        elif image.by_digest:  # a manifest of an open copy: small, checked, kept on disk
+            answer = await whole(request, opened, self._pacer.loop.time())
+            cache.keep(request, answer)
+            return Reply(answer=answer)
+        return reply
+
+    async def _reply(self) -> Reply:
+        pacer, request = self._pacer, self._request
+        if not request.paced:  # a destination kuik owns (§4.3): straight through
+            return await self._open(None, seated=True)
+        if request.gate.paced_exempt and request.flow.exempt:
+            return await self._exempt()
+        if pacer.fleet is not None and request.operation is Operation.CHECK:
+            await pacer.from_fleet(request)
+        admitted = pacer.admit(request)
+        if isinstance(admitted, Answer):
+            return Reply(answer=admitted, hit=True)
+        if isinstance(admitted, Waiter):  # awaited here, in this frame: no coroutine of its own
+            loop, waiter = pacer.loop, admitted
+            held_since = loop.time()
+            cancelled = False
+            try:
+                outcome = await waiter.future
+            except asyncio.CancelledError:
+                cancelled = True
+                raise
+            finally:
+                waiter.parking.unpark(waiter, cancelled=cancelled)
+            for waited in pacer.waits:
+                waited(request.host, request.operation, loop.time() - held_since)
+            if isinstance(outcome, Answer):
+                return Reply(answer=outcome)
+            go = outcome
+        else:
+            go = admitted
+        try:
+            if request.operation is Operation.CHECK:
+                timeout = pacer.check_timeout(request.host)
+            else:
+                timeout = pacer.left(go, request.host)
+            reply = await self._open(timeout, seated=True)
+        except BaseException:
+            go.done()  # its part of the copy ends here: it never went
+            raise
+        self._go = go
+        return reply
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if self._opened is not None:
+                await self._opened.__aexit__(et, e, tb)
+        finally:
+            cache = self._pacer.cache
+            if self._body is not None and cache is not None:
+                cache.sent(self._body)
+            if self._go is not None:
+                self._go.done()
+
+    async def _open(self, timeout: float | None, *, seated: bool) -> Reply:
+        """Send the read with the host's quota and a seat (``seated``), or with a seat that
+        never waits (an exempt read, P14); the answer stays open until :meth:`__aexit__`."""
+        pacer, request = self._pacer, self._request
+        stack = AsyncExitStack()
+        try:
+            await stack.enter_async_context(
+                pacer.upstream(request) if seated else request.flow.seat()
+            )
+            opened = await stack.enter_async_context(pacer.send_read(request, timeout))
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._opened = stack
+        return Reply(opened=opened)
+
+    async def _exempt(self) -> Reply:
+        """A read on an ``Exempt`` priority level (kuik's webhook availability check): never
+        paced, bounded by ``check.timeout`` alone (P14). It never adds to the count of a
+        registry that said stop: while the host is blocked it is answered from a kept answer,
+        however old (marked stale), or refused with the block's remaining time (§11)."""
+        pacer, request = self._pacer, self._request
+        now = pacer.loop.time()
+        until = pacer.blocked_until(request.host, now)
+        if until is None:
+            return await self._open(pacer.check_timeout(request.host), seated=False)
+        kept = pacer.kept.find(request)
+        if kept is None:
+            raise TooManyRequests(
+                f"{request.host} asked kuikproxy to stop; no kept answer to give instead",
+                refusal="blocked",
+                detail={"host": request.host},
+                retry_after=until - now,
+            )
+        return Reply(answer=kept, hit=True, stale=True)

@@ -1,0 +1,266 @@
+"""The pull-through store over HTTP (§15): one registry read per blob whoever asks, content by
+digest from the disk without a window, R5 for what the store holds, stale manifests while a
+registry cannot be asked, and manifests kept across a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from kuikproxy.app import build_app
+from kuikproxy.config import parse_config
+from tests.conftest import HOST, ProxyFactory
+from tests.upstream_app import (
+    _CONTENT,
+    MANIFEST_TYPE,
+    Auth,
+    Registry,
+    blob_of,
+    digest_of,
+    manifest_of,
+)
+
+pytestmark = pytest.mark.looptime
+
+Client = TestClient[Any, Any]
+BLOB = bytes(range(256)) * 4096  # 1 MiB
+BLOB_DIGEST = blob_of(BLOB)
+COPY = "copy: {interval: 200ms, idle: 200ms}\ncheck: {interval: 200ms}"
+
+
+def store_at(path: Path, max_bytes: str = "64Mi", cache: str = "") -> str:
+    return f"cache: {{{cache}blobs: {{path: {str(path)!r}, maxBytes: {max_bytes}}}}}"
+
+
+def config(server: TestServer, store: Path) -> str:
+    """A config of its own, for a test that starts kuikproxy itself."""
+    return (
+        f"{store_at(store)}\nregistries:\n  {HOST}:\n"
+        f"    upstream: http://127.0.0.1:{server.port}\n    check: {{interval: 200ms}}\n"
+        "    copy: {interval: 200ms, idle: 200ms}\n"
+    )
+
+
+def get(client: Client, path: str, resource: str = "node", **headers: str) -> Any:
+    return client.get(f"/v2/app/{path}?ns={HOST}", headers={"Kuik-Resource": resource, **headers})
+
+
+async def test_ten_clients_of_one_blob_cost_the_registry_one_read(
+    proxy: ProxyFactory, registry: tuple[Registry, TestServer], tmp_path: Path
+) -> None:
+    """Ten resources ask for one blob at once: one registry read, every client gets it whole
+    and right; an eleventh later gets it from the disk, at once, without a window."""
+    fake, _ = registry
+    client = await proxy(COPY, top=store_at(tmp_path))
+    loop = asyncio.get_running_loop()
+
+    async def pull(resource: str) -> bytes:
+        response = await get(client, f"blobs/{BLOB_DIGEST}", resource)
+        assert response.status == 200
+        assert response.headers["Docker-Content-Digest"] == BLOB_DIGEST
+        return await response.read()
+
+    bodies = await asyncio.gather(*(pull(f"node-{n}") for n in range(10)))
+    assert all(body == BLOB for body in bodies)
+    assert len(fake.reads("blobs")) == 1
+    start = loop.time()
+    assert await pull("node-late") == BLOB
+    assert loop.time() - start < 0.1  # no window
+    head = await client.head(
+        f"/v2/app/blobs/{BLOB_DIGEST}?ns={HOST}", headers={"Kuik-Resource": "other"}
+    )
+    assert head.status == 200
+    assert head.headers["Content-Length"] == str(len(BLOB))
+    assert head.headers["Docker-Content-Digest"] == BLOB_DIGEST
+    assert len(fake.reads("blobs")) == 1
+    status = await (await client.get("/status")).json()
+    store = status["cache"]["store"]
+    assert store["blobs"] >= 1 and store["reads"]["registry"] == 1
+    assert store["reads"]["shared"] == 9 and store["reads"]["store"] == 2
+    assert store["servedBytes"]["store"] == len(BLOB)  # the HEAD sent none
+    assert store["servedBytes"]["shared"] + store["servedBytes"]["registry"] == 10 * len(BLOB)
+    metrics = await (await client.get("/metrics")).text()
+    assert 'kuik_proxy_cache_bytes_total{source="store"}' in metrics
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("bytes=10-19", 206, (10, 20)),
+        ("bytes=-5", 206, (len(BLOB) - 5, len(BLOB))),
+        (f"bytes={len(BLOB) - 3}-", 206, (len(BLOB) - 3, len(BLOB))),
+        ("bytes=0-", 200, (0, len(BLOB))),
+        ("bytes=1-2,5-6", 200, (0, len(BLOB))),  # several ranges: the whole (RFC 9110)
+        (f"bytes={len(BLOB)}-", 416, None),
+    ],
+)
+async def test_ranges_are_served_from_the_store(
+    proxy: ProxyFactory,
+    registry: tuple[Registry, TestServer],
+    tmp_path: Path,
+    case: tuple[str, int, tuple[int, int] | None],
+) -> None:
+    asked, status, span = case
+    fake, _ = registry
+    client = await proxy(COPY, top=store_at(tmp_path))
+    assert await (await get(client, f"blobs/{BLOB_DIGEST}")).read() == BLOB
+    response = await get(client, f"blobs/{BLOB_DIGEST}", Range=asked)
+    assert response.status == status
+    body = await response.read()
+    if span is None:
+        assert response.headers["Content-Range"] == f"bytes */{len(BLOB)}"
+    else:
+        assert body == BLOB[span[0] : span[1]]
+    if status == 206:
+        assert span is not None
+        assert response.headers["Content-Range"] == f"bytes {span[0]}-{span[1] - 1}/{len(BLOB)}"
+    assert len(fake.reads("blobs")) == 1
+
+
+async def test_a_blob_that_is_not_its_digest_is_never_stored_nor_served_whole(
+    proxy: ProxyFactory, registry: tuple[Registry, TestServer], tmp_path: Path
+) -> None:
+    """The registry sends other bytes under a digest: every client's connection is broken off
+    before the last bytes, nothing is stored, and the next client goes to the registry again."""
+    fake, _ = registry
+    digest = "sha256:" + "0" * 64
+    _CONTENT[digest] = BLOB  # not that digest's content
+    client = await proxy(COPY, top=store_at(tmp_path))
+
+    async def pull(resource: str) -> bytes | None:
+        response = await get(client, f"blobs/{digest}", resource)
+        try:
+            body = await response.read()
+        except Exception:  # the connection broken off: the client never sees a clean end
+            return None
+        return body if len(body) == len(BLOB) else None
+
+    assert await asyncio.gather(pull("a"), pull("b")) == [None, None]
+    assert await pull("c") is None
+    assert len(fake.reads("blobs")) == 2
+    assert not list((tmp_path / "blobs").rglob("0" * 64))
+
+
+async def test_r5_a_blob_read_with_a_clients_credentials_needs_proof_of_access(
+    aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """A private blob read with alice's credentials is not given to bob from the store until a
+    manifest of that repository was answered 200 to bob: bob's blob read goes to the registry,
+    which refuses him; once the registry gave bob the repository's manifest, the store serves
+    him."""
+    fake = Registry(auth=Auth({"alice": "a", "bob": "b", "eve": "e"}, readers={"alice", "bob"}))
+    server = await aiohttp_server(fake.app())
+    alice, bob, eve = (
+        "Basic " + base64.b64encode(f"{u}:{u[0]}".encode()).decode()
+        for u in ("alice", "bob", "eve")
+    )
+    client = await aiohttp_client(build_app(parse_config(config(server, tmp_path))))
+
+    def private(path: str, resource: str, authorization: str) -> Any:
+        return client.get(
+            f"/v2/private/app/{path}?ns={HOST}",
+            headers={"Kuik-Resource": resource, "Authorization": authorization},
+        )
+
+    response = await private(f"blobs/{BLOB_DIGEST}", "alice", alice)
+    assert response.status == 200 and await response.read() == BLOB
+    response = await private(f"blobs/{BLOB_DIGEST}", "eve", eve)
+    assert response.status == 403  # the registry's answer: the store gave eve nothing
+    assert len(fake.reads("blobs")) == 2
+    manifest = await private("manifests/v1", "bob", bob)
+    assert manifest.status == 200
+    await manifest.read()
+    response = await private(f"blobs/{BLOB_DIGEST}", "bob", bob)
+    assert response.status == 200 and await response.read() == BLOB
+    assert len(fake.reads("blobs")) == 2  # bob proved access: served from the store
+
+
+async def test_serve_stale_answers_a_tag_while_the_registry_is_unreachable(
+    proxy: ProxyFactory, registry: tuple[Registry, TestServer], tmp_path: Path
+) -> None:
+    """Pulled once; the registry goes away; the tag is answered from the store, stale, and
+    the manifest by digest and the blob come from the disk."""
+    _, server = registry
+    client = await proxy(
+        f"{COPY}\nserveStale: true", top=store_at(tmp_path, cache="maxAge: 100ms, ")
+    )
+    body = manifest_of("app", "v1")
+    digest = digest_of(body)
+    head = await client.head(f"/v2/app/manifests/v1?ns={HOST}", headers={"Kuik-Resource": "n"})
+    assert head.status == 200
+    manifest = await get(client, f"manifests/{digest}", "n")
+    assert await manifest.read() == body
+    assert await (await get(client, f"blobs/{BLOB_DIGEST}", "n")).read() == BLOB
+    await server.close()
+    await asyncio.sleep(3)  # past check.followUp, and the kept answers past maxAge (R1)
+    for method in ("HEAD", "GET"):
+        # a node: no Kuik-Resource header (kuik's checks would need serveStale: checks)
+        stale = await client.request(method, f"/v2/app/manifests/v1?ns={HOST}")
+        assert stale.status == 200, await stale.text()
+        assert stale.headers["Docker-Content-Digest"] == digest
+        assert stale.headers["Warning"].startswith("110")
+        if method == "GET":
+            assert await stale.read() == body
+    assert await (await get(client, f"manifests/{digest}", "fresh")).read() == body
+    assert await (await get(client, f"blobs/{BLOB_DIGEST}", "fresh")).read() == BLOB
+
+
+async def test_serve_stale_answers_a_tag_while_the_registry_blocks_kuikproxy(
+    proxy: ProxyFactory, registry: tuple[Registry, TestServer], tmp_path: Path
+) -> None:
+    """A 429 with an hour's Retry-After blocks the host; the tag is answered stale at once,
+    and the registry is not asked; a kuik check (``Kuik-Resource``) is not answered stale
+    unless ``serveStale: checks``."""
+    fake, _ = registry
+    client = await proxy(
+        "copy: {interval: 200ms, idle: 200ms}\ncheck: {interval: 200ms, maxHold: 300ms}\n"
+        "serveStale: true",
+        top=store_at(tmp_path, cache="maxAge: 100ms, "),
+    )
+    get_v1 = await client.get(f"/v2/app/manifests/v1?ns={HOST}")
+    assert get_v1.status == 200
+    await get_v1.read()
+    fake.script = [(429, {"Retry-After": "3600"})]
+    await asyncio.sleep(0.5)
+    # told to stop: this one waits through the block (§11)
+    blocked = asyncio.create_task(client.get(f"/v2/app/manifests/v2?ns={HOST}"))
+    await asyncio.sleep(0.5)
+    assert fake.seen[-1].path.endswith("/v2")
+    asked = len(fake.seen)
+    stale = await client.get(f"/v2/app/manifests/v1?ns={HOST}")
+    assert stale.status == 200 and stale.headers["Warning"].startswith("110")
+    assert await stale.read() == manifest_of("app", "v1")
+    assert len(fake.seen) == asked
+    check = await client.head(
+        f"/v2/app/manifests/v1?ns={HOST}", headers={"Kuik-Resource": "ImageMonitor/a/b"}
+    )
+    assert check.status == 429  # held past maxHold through the block, as §11 says
+    blocked.cancel()
+
+
+async def test_a_restart_keeps_the_manifests_of_the_store(
+    registry: tuple[Registry, TestServer],
+    aiohttp_client: Any,
+    tmp_path: Path,
+) -> None:
+    """Manifests read before a restart are kept answers after it (R1, with their age): a HEAD
+    within maxAge is answered at once, without the registry."""
+    fake, server = registry
+    text = config(server, tmp_path)
+    first = await aiohttp_client(build_app(parse_config(text)))
+    response = await first.get(f"/v2/app/manifests/v1?ns={HOST}")
+    assert response.status == 200
+    await response.read()
+    await first.close()
+    asked = len(fake.seen)
+    second = await aiohttp_client(build_app(parse_config(text)))
+    head = await second.head(f"/v2/app/manifests/v1?ns={HOST}")
+    assert head.status == 200
+    assert head.headers["Docker-Content-Digest"] == digest_of(manifest_of("app", "v1"))
+    assert head.headers["Content-Type"] == MANIFEST_TYPE
+    assert len(fake.seen) == asked
