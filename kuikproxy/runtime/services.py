@@ -20,11 +20,11 @@ from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.flow import FlowGate
 from kuikproxy.runtime.kept import KeptAnswers
+from kuikproxy.runtime.sweeps import Sweeps
+from kuikproxy.upstream.registries import Registries
 
 if TYPE_CHECKING:  # it is made with the services it uses (spawn)
     from kuikproxy.runtime.pullthrough import PullThrough
-from kuikproxy.runtime.sweeps import Sweeps
-from kuikproxy.upstream.registries import Registries
 
 # told of every window: the host, its series, what it did, and how late it opened (seconds)
 WindowObserver = Callable[[str, Operation, WindowResult, float], None]
