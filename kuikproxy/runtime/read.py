@@ -65,15 +65,16 @@ class Read:
                     return Reply(body=body, hit=body.source == "store")
                 if image.route == BLOBS and request.method == "GET":
                     claimed = image.reference  # this read is the one that goes (claim)
-            stale = pacer.serves_stale(request)
+            # only a manifest by tag is ever stale: the rest pays nothing for it
+            stale = image.route == MANIFESTS and not image.by_digest
             if stale and pacer.blocked_until(request.host, pacer.loop.time()) is not None:
-                answer = cache.stale(request)
+                answer = cache.stale(request) if pacer.serves_stale(request) else None
                 if answer is not None:
                     return Reply(answer=answer, hit=True, stale=True)
             try:
                 reply = await self._reply()
             except (UpstreamUnreachable, UpstreamTimeout):  # a 5xx is the registry speaking
-                answer = cache.stale(request) if stale else None
+                answer = cache.stale(request) if stale and pacer.serves_stale(request) else None
                 if answer is None:
                     raise
                 return Reply(answer=answer, hit=True, stale=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.app import build_app
@@ -44,6 +45,15 @@ def config(server: TestServer, store: Path) -> str:
         f"    upstream: http://127.0.0.1:{server.port}\n    check: {{interval: 200ms}}\n"
         "    copy: {interval: 200ms, idle: 200ms}\n"
     )
+
+
+def stored_files(store: Path) -> list[Path]:
+    """The files of blobs in ``store``, whole or being written."""
+    return [
+        p
+        for p in store.glob("*/**/*")
+        if p.is_file() and p.relative_to(store).parts[0] in ("blobs", "tmp")
+    ]
 
 
 def get(client: Client, path: str, resource: str = "node", **headers: str) -> Any:
@@ -264,3 +274,105 @@ async def test_a_restart_keeps_the_manifests_of_the_store(
     assert head.headers["Docker-Content-Digest"] == digest_of(manifest_of("app", "v1"))
     assert head.headers["Content-Type"] == MANIFEST_TYPE
     assert len(fake.seen) == asked
+
+
+async def test_a_fill_goes_on_when_the_client_that_started_it_leaves(
+    proxy: ProxyFactory, registry: tuple[Registry, TestServer], tmp_path: Path
+) -> None:
+    """The first client reads a few bytes and hangs up: the registry's read still ends in the
+    store (the bytes were paid for), and the next client gets them from the disk."""
+    fake, _ = registry
+    fake.blob_chunks = 16
+    client = await proxy(COPY, top=store_at(tmp_path))
+    response = await get(client, f"blobs/{BLOB_DIGEST}", "leaver")
+    assert response.status == 200
+    await response.content.readexactly(1024)
+    response.close()
+    await asyncio.sleep(1)
+    again = await get(client, f"blobs/{BLOB_DIGEST}", "next")
+    assert await again.read() == BLOB
+    assert len(fake.reads("blobs")) == 1
+    store = (await (await client.get("/status")).json())["cache"]["store"]
+    assert store["reads"]["store"] == 1
+
+
+def cut_registry(body: bytes, sent: int) -> tuple[web.Application, list[str]]:
+    """A registry that announces ``body`` whole and breaks the connection after ``sent`` bytes."""
+    reads: list[str] = []
+
+    async def blob(request: web.Request) -> web.StreamResponse:
+        reads.append(request.path)
+        response = web.StreamResponse(headers={"Docker-Content-Digest": digest_of(body)})
+        response.content_length = len(body)
+        await response.prepare(request)
+        await response.write(body[:sent])
+        assert request.transport is not None
+        request.transport.abort()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/v2/{name:.+}/blobs/{digest}", blob)
+    return app, reads
+
+
+async def test_a_read_cut_short_by_the_registry_is_never_stored_nor_ended_cleanly(
+    aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """The registry breaks off in the middle: every client's connection is broken off (never a
+    clean end), nothing is left in the store, and the next client asks the registry again."""
+    app, reads = cut_registry(BLOB, len(BLOB) // 2)
+    server = await aiohttp_server(app)
+    client = await aiohttp_client(build_app(parse_config(config(server, tmp_path / "store"))))
+
+    async def pull(resource: str) -> bool:
+        response = await get(client, f"blobs/{BLOB_DIGEST}", resource)
+        try:
+            return await response.read() == BLOB
+        except Exception:  # broken off
+            return False
+
+    assert await asyncio.gather(pull("a"), pull("b")) == [False, False]
+    assert not await pull("c")
+    assert len(reads) == 2
+    assert not stored_files(tmp_path / "store")
+
+
+async def test_shutdown_in_the_middle_of_a_fill_leaves_nothing_half_written(
+    registry: tuple[Registry, TestServer], aiohttp_client: Any, tmp_path: Path
+) -> None:
+    fake, server = registry
+    fake.blob_chunks = 64
+    client = await aiohttp_client(build_app(parse_config(config(server, tmp_path))))
+    response = await get(client, f"blobs/{BLOB_DIGEST}", "node")
+    assert response.status == 200
+    await response.content.readexactly(1024)
+    await client.close()
+    assert not stored_files(tmp_path)
+
+
+async def test_a_flood_of_distinct_blobs_never_passes_max_bytes(
+    proxy: ProxyFactory, registry: tuple[Registry, TestServer], tmp_path: Path
+) -> None:
+    """Twelve distinct 1 MiB blobs at once against a 3 MiB store: every client gets its blob
+    right (those that do not fit stream through), and the store never holds more than 3 MiB."""
+    client = await proxy(COPY, top=store_at(tmp_path, max_bytes="3Mi"))
+    blobs = {blob_of(bytes([n]) * len(BLOB)): bytes([n]) * len(BLOB) for n in range(12)}
+    highest = 0
+
+    async def watch() -> None:
+        nonlocal highest
+        while True:
+            on_disk = sum(p.stat().st_size for p in stored_files(tmp_path))
+            highest = max(highest, on_disk)
+            await asyncio.sleep(0.005)
+
+    async def pull(digest: str) -> bool:
+        response = await get(client, f"blobs/{digest}", digest[-8:])
+        return await response.read() == blobs[digest]
+
+    watcher = asyncio.create_task(watch())
+    assert all(await asyncio.gather(*(pull(d) for d in blobs)))
+    watcher.cancel()
+    store = (await (await client.get("/status")).json())["cache"]["store"]
+    assert store["bytes"] <= 3 * 1024**2 and store["blobs"] >= 1
+    assert highest <= 3 * 1024**2
