@@ -10,9 +10,10 @@ renders what it yields; it never sees the upstream client.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kuikproxy.core.images import BLOBS, MANIFESTS
 from kuikproxy.core.tickets import Operation
@@ -43,13 +44,14 @@ class Read:
         self._opened: AsyncExitStack | None = None  # the seat and the registry's answer
         self._body: Body | None = None  # content on disk, this client's to close
 
-    async def __aenter__(self) -> Reply:
+    def __aenter__(self) -> Coroutine[Any, Any, Reply]:
+        """The read's coroutine itself, not one awaiting it: a held request pays for every
+        frame it sits in."""
         pacer = self._pacer
         if pacer.closed:
             raise Unavailable("kuikproxy is shutting down", refusal="shutdown")
-        if pacer.cache is None:
-            return await self._reply()
-        return await self._through(pacer.cache)
+        cache = pacer.cache
+        return self._reply() if cache is None else self._through(cache)
 
     async def _through(self, cache: PullThrough) -> Reply:
         """The read with a pull-through store (§15): content by digest from the disk, or from

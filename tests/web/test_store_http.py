@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
 
 from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
@@ -94,8 +95,17 @@ async def test_ten_clients_of_one_blob_cost_the_registry_one_read(
     assert store["reads"]["shared"] == 9 and store["reads"]["store"] == 2
     assert store["servedBytes"]["store"] == len(BLOB)  # the HEAD sent none
     assert store["servedBytes"]["shared"] + store["servedBytes"]["registry"] == 10 * len(BLOB)
-    metrics = await (await client.get("/metrics")).text()
-    assert 'kuik_proxy_cache_bytes_total{source="store"}' in metrics
+    text = await (await client.get("/metrics")).text()
+    samples = {
+        (s.name, s.labels.get("source")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples["kuik_proxy_cache_bytes_total", "store"] == len(BLOB)
+    assert samples["kuik_proxy_cache_reads_total", "shared"] == 9
+    assert samples["kuik_proxy_store_blobs", None] == 1
+    page = await (await client.get("/")).text()
+    assert "saved the registries</span> 91%" in page  # all but the one registry read
 
 
 @pytest.mark.parametrize(
