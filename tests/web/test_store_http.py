@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ssl
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -16,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
+from tests.certs import self_signed
 from tests.conftest import HOST, ProxyFactory
 from tests.upstream_app import (
     _CONTENT,
@@ -386,3 +389,32 @@ async def test_a_flood_of_distinct_blobs_never_passes_max_bytes(
     store = (await (await client.get("/status")).json())["cache"]["store"]
     assert store["bytes"] <= 3 * 1024**2 and store["blobs"] >= 1
     assert highest <= 3 * 1024**2
+
+
+async def test_a_client_over_tls_gets_stored_blobs_whole_and_in_ranges(
+    registry: tuple[Registry, TestServer], aiohttp_server: Any, tmp_path: Path
+) -> None:
+    """kuikproxy's own listener on TLS (a forward proxy's interception is too): no sendfile
+    there, the bytes go through the TLS writer — whole and in ranges, from a fill and from
+    the disk."""
+    fake, upstream = registry
+    cert, key = self_signed(tmp_path)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    app = build_app(parse_config(config(upstream, tmp_path / "store")))
+    server = await aiohttp_server(app, ssl=server_tls)
+    client_tls = ssl.create_default_context(cafile=str(cert))
+    url = f"https://127.0.0.1:{server.port}/v2/app/blobs/{BLOB_DIGEST}?ns={HOST}"
+    async with aiohttp.ClientSession() as session:
+
+        async def fetch(resource: str, **headers: str) -> tuple[int, bytes]:
+            async with session.get(
+                url, ssl=client_tls, headers={"Kuik-Resource": resource, **headers}
+            ) as response:
+                return response.status, await response.read()
+
+        first = await asyncio.gather(fetch("a"), fetch("b"))
+        assert first == [(200, BLOB), (200, BLOB)]
+        assert await fetch("c") == (200, BLOB)
+        assert await fetch("d", Range="bytes=100-299999") == (206, BLOB[100:300000])
+    assert len(fake.reads("blobs")) == 1
