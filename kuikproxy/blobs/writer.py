@@ -93,6 +93,13 @@ class BlobWriter:
         self._aborted = False  # ended with nothing stored
 
     @property
+    def final(self) -> str:
+        """Where the blob is once verified. A reader that finds the temp file gone opens it
+        there: it was renamed only after its bytes hashed to the digest, and the store learns
+        of it a moment later (after the directory's fsync)."""
+        return self._final
+
+    @property
     def aborted(self) -> bool:
         """Whether it ended with nothing stored: a reader of the temp file waits for no more."""
         return self._aborted

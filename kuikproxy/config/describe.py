@@ -68,6 +68,12 @@ def _registry(title: str, host: str | None, settings: RegistrySettings) -> list[
     if tls.insecure_skip_verify:
         tls_parts.append("INSECURE: certificate not verified")
     lines.append(f"  tls: {', '.join(tls_parts)}")
+    stale = {
+        False: "no",
+        True: "pulls (while blocked or unreachable; kuik's checks are not)",
+        "checks": "pulls and kuik's checks (while blocked or unreachable)",
+    }
+    lines.append(f"  serveStale: {stale[settings.serve_stale]}")
     lines.extend(_quota(settings.quota))
     if settings.paced:
         lines.extend(_rates(settings))
@@ -206,6 +212,13 @@ def _forward_proxy(config: Config) -> str:
     )
 
 
+def _store(config: Config) -> str:
+    blobs = config.cache.blobs
+    if blobs.path is None:
+        return "none (blobs stream through; cache.blobs.path unset)"
+    return f"{blobs.path}, maxBytes {_size(blobs.max_bytes)}"
+
+
 def describe(config: Config) -> str:
     """A human-readable text of ``config``'s effective settings, one block per host."""
     host, port = config.listen_address()
@@ -220,6 +233,7 @@ def describe(config: Config) -> str:
         f"unusedImageRetention: {format_duration(config.unused_image_retention)}",
         f"cache: maxAge {format_duration(config.cache.max_age)}, "
         f"maxEntries {config.cache.max_entries}, maxBytes {_size(config.cache.max_bytes)}",
+        f"store: {_store(config)}",
         f"state: {config.state.path or 'in memory (lost on restart)'}",
         f"limits: maxHosts {limits.max_hosts} (hosts under a wildcard), "
         f"maxResources {limits.max_resources}, maxImages {limits.max_images}, "

@@ -59,7 +59,11 @@ class Fill:
 
     def follower(self, media_type: str | None, source: str = "shared") -> Body:
         """A client's way to follow the read: its own file object on the growing file."""
-        file = os.fdopen(os.open(self._writer.path, os.O_RDONLY), "rb")
+        try:
+            fd = os.open(self._writer.path, os.O_RDONLY)
+        except FileNotFoundError:  # verified and renamed into place just now
+            fd = os.open(self._writer.final, os.O_RDONLY)
+        file = os.fdopen(fd, "rb")
         return Body(self.digest, self.size, media_type, file, self.ready, source)
 
     async def ready(self, offset: int) -> int:

@@ -143,6 +143,34 @@ def test_service_mode(case: str) -> None:
             assert objects.one("PersistentVolumeClaim", claim)
     else:
         assert volumes["state"] == {"name": "state", "emptyDir": {}}
+    # the pull-through store lives on a volume of its own (§15)
+    assert config.cache.blobs.path is not None
+    assert config.cache.blobs.path.startswith(mounts["store"] + "/")
+    claim = values.get("store", {}).get("existingClaim")
+    if claim:
+        assert volumes["store"] == {"name": "store", "persistentVolumeClaim": {"claimName": claim}}
+    else:
+        assert volumes["store"] == {"name": "store", "emptyDir": {"sizeLimit": "11Gi"}}
+
+
+def test_the_store_can_be_turned_off_or_placed_by_config() -> None:
+    """``store.enabled: false``: no store volume, no ``cache.blobs.path`` (blobs stream
+    through); a ``cache.blobs.path`` in ``config`` is kept; mode injector keeps no store."""
+
+    def rendered(values: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        objects = render(values)
+        config = parse_config(objects.of("ConfigMap")[0]["data"]["config.yaml"])
+        specs = [spec for _, spec in pod_specs(objects)]
+        return config, {v["name"]: v for spec in specs for v in spec["volumes"]}
+
+    config, volumes = rendered({"store": {"enabled": False}})
+    assert config.cache.blobs.path is None and "store" not in volumes
+    config, volumes = rendered({"store": {"sizeLimit": ""}})
+    assert volumes["store"] == {"name": "store", "emptyDir": {}}
+    config, volumes = rendered({"config": {"cache": {"blobs": {"path": "/var/cache/kuikproxy/x"}}}})
+    assert config.cache.blobs.path == "/var/cache/kuikproxy/x" and "store" in volumes
+    config, volumes = rendered({"mode": "injector"})
+    assert config.cache.blobs.path is None and "store" not in volumes
 
 
 def test_full_values_reach_the_objects() -> None:
@@ -213,14 +241,14 @@ def test_security_contexts(rendered: Rendered) -> None:
                 if not m.get("readOnly")
             }
             assert "emptyDir" in writable.pop("/tmp")
-            assert set(writable) <= {"/var/lib/kuikproxy"}, writable
+            assert set(writable) <= {"/var/lib/kuikproxy", "/var/cache/kuikproxy"}, writable
 
 
 def test_volumes_name_what_the_release_makes(rendered: Rendered) -> None:
     """Every ConfigMap, Secret and claim a pod mounts is one the release creates, or one the
     values name as existing (or cert-manager's Secret)."""
     made = {(m.kind, m.namespace, m.name) for m in rendered}
-    external = {"kuikproxy-state", "dockerhub-token"}  # values-full.yaml's
+    external = {"kuikproxy-state", "kuikproxy-blobs", "dockerhub-token"}  # values-full.yaml's
     for certificate in rendered.of("Certificate"):
         external.add(certificate["spec"]["secretName"])
     for _, spec in pod_specs(rendered):

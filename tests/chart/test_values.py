@@ -13,6 +13,7 @@ SAME_AS_DEFAULT_OK = {
     "mode",  # each test picks the mode
     "serviceAccount.create",  # true, so its name and annotations are used
     "podDisruptionBudget.create",  # true, so minAvailable is used
+    "store.enabled",  # true, so existingClaim is used
 }
 
 
@@ -44,13 +45,17 @@ def test_full_values_set_every_value() -> None:
 
 
 def test_default_config_is_the_embedded_default_pacing() -> None:
-    """values.config spells out the embedded default's registries block; rendered, it is the
-    embedded default listening where the Service reaches it, with its state on the volume."""
+    """values.config spells out the embedded default's registries block, with ``serveStale``
+    on (a shipped mirror, §15); rendered, it is the embedded default listening where the
+    Service reaches it, with its state and its pull-through store on their volumes."""
     config = parse_config(render({}).one("ConfigMap")["data"]["config.yaml"])
-    embedded = parse_config("")
+    embedded = parse_config("registries: {default: {serveStale: true}}")
     assert config.registries == embedded.registries
+    assert config.registry("docker.io").serve_stale is True
     assert config.allowed_hosts == embedded.allowed_hosts
     assert config.listen == "0.0.0.0:7439"
     assert config.state.path == "/var/lib/kuikproxy/state.db"
+    assert config.cache.blobs.path == "/var/cache/kuikproxy/blobs"
+    assert config.cache.blobs.max_bytes == embedded.cache.blobs.max_bytes
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert set(values["config"]) == {"registries"}

@@ -726,6 +726,13 @@ class LoopbackServer(OnLoopback):
         stop_process(self._process)
         self._process = None
 
+    def kill(self) -> None:
+        """SIGKILL, reaped: no shutdown of its own (``start()`` runs it again)."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait(10)
+        self._process = None
+
     def __enter__(self) -> Self:
         return self.start()
 

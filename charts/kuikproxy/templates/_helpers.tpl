@@ -101,6 +101,7 @@ Where kuikproxy finds its files, in the chart's pods and in injected sidecars al
 */}}
 {{- define "kuikproxy.configDir" -}}/etc/kuikproxy{{- end }}
 {{- define "kuikproxy.stateDir" -}}/var/lib/kuikproxy{{- end }}
+{{- define "kuikproxy.storeDir" -}}/var/cache/kuikproxy{{- end }}
 {{- define "kuikproxy.caDir" -}}/etc/kuikproxy/ca{{- end }}
 {{- define "kuikproxy.port" -}}7439{{- end }}
 
@@ -119,8 +120,9 @@ config ConfigMap and CA Secret.
 {{/*
 The kuikproxy config file (SPEC §7), from .Values.config with the keys the chart owns:
 `listen` (mode service: every address, for the Service; mode injector: loopback in each pod),
-`state.path` on the state volume unless config sets it, and in mode injector the forward proxy
-with the CA the sidecar is given.
+`state.path` on the state volume unless config sets it, in mode service with `store.enabled`
+`cache.blobs.path` on the store volume unless config sets it, and in mode injector the forward
+proxy with the CA the sidecar is given.
 */}}
 {{- define "kuikproxy.config" -}}
 {{- if not (kindIs "map" (.Values.config | default dict)) }}
@@ -141,6 +143,15 @@ with the CA the sidecar is given.
 {{- $_ := set $config "forwardProxy" $forward }}
 {{- else }}
 {{- $_ := set $config "listen" (printf "0.0.0.0:%s" (include "kuikproxy.port" .)) }}
+{{- if .Values.store.enabled }}
+{{- $cache := get $config "cache" | default dict }}
+{{- $blobs := get $cache "blobs" | default dict }}
+{{- if not (get $blobs "path") }}
+{{- $_ := set $blobs "path" (printf "%s/blobs" (include "kuikproxy.storeDir" .)) }}
+{{- end }}
+{{- $_ := set $cache "blobs" $blobs }}
+{{- $_ := set $config "cache" $cache }}
+{{- end }}
 {{- end }}
 {{- toYaml $config }}
 {{- end }}
