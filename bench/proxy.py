@@ -36,8 +36,13 @@ Layout (everything on 127.0.0.1, nothing else is ever contacted; all under one t
     names a new resource (``Kuik-Resource: b<conn>-<n>``), which also makes a new ring per
     request (``--same-resource`` sends ``Kuik-Resource: bench`` instead, to see the held path).
 
+(c), (d) **The pull-through store** (``bench/store.py``): a blob from kuikproxy's store against
+    nginx serving the same file with ``sendfile``; ten clients of one blob not yet stored, with
+    a store and without, the bytes the registry sent counted.
+
 Run: ``/tmp/v/bin/python bench/proxy.py`` (``--blob-mib 64 --seconds 3`` for a quick run;
-``--py-spy DIR`` records py-spy flame graphs of kuikproxy during its runs when py-spy exists).
+``--only blob,head,store,fanout`` picks cases, all by default; ``--py-spy DIR`` records py-spy
+flame graphs of kuikproxy during its HEAD runs when py-spy exists).
 """
 
 from __future__ import annotations
@@ -903,6 +908,30 @@ def warm_steady_tags(registry_url: str, kuik_url: str, count: int) -> int:
     return count
 
 
+CASES = ("blob", "head", "store", "fanout")
+
+
+def case_table(
+    case: str, setup: Setup, digest: str, index_digest: str, args: argparse.Namespace
+) -> list[str]:
+    if case == "blob":
+        return measure_blob(setup, digest, args)
+    if case == "head":
+        return measure_head(setup, index_digest, args)
+    try:  # the pull-through store's rows (c) and (d)
+        import kuikproxy.blobs  # noqa: F401  (an older kuikproxy, as bench/compare.py runs)
+        from bench import store
+    except ImportError as error:
+        if args.only is not None:
+            raise
+        return [f"({case}) skipped: {error}"]
+    t0 = time.monotonic()
+    measure = store.measure_store if case == "store" else store.measure_fanout
+    table = measure(setup, digest, args)
+    print(f"[{case} measured in {time.monotonic() - t0:.1f} s]")
+    return table
+
+
 def bench(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="kuik-bench-proxy-"))
     registry = QuietRegistry(workdir / "registry")
@@ -926,11 +955,11 @@ def bench(args: argparse.Namespace) -> int:
             kuik = start_kuikproxy(workdir / "kuikproxy", registry.url, tls_registry.url, ca)
             peers.append(kuik)
             setup = Setup(workdir, registry, nginx, kuik, peers, tls_registry, tls_nginx)
-            out += measure_blob(setup, digest, args)
-            print("\n" + "\n".join(out), flush=True)
-            table = measure_head(setup, image.index.digest, args)
-            print("\n" + "\n".join(table), flush=True)
-            out += ["", *table]
+            for case in CASES:  # (c) and (d) after (b): bench/compare.py reads (a) and (b)
+                if case in (args.only or CASES):
+                    table = case_table(case, setup, digest, image.index.digest, args)
+                    print("\n" + "\n".join(table), flush=True)
+                    out += ["", *table] if out else table
             if kuik.process.poll() is not None:
                 raise RuntimeError(f"kuikproxy exited:\n{tail(kuik.log)}")
             errors = [line for line in kuik.log.read_text().splitlines() if "ERROR" in line]
@@ -946,6 +975,14 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cases(value: str) -> tuple[str, ...]:
+    picked = tuple(c.strip() for c in value.split(",") if c.strip())
+    unknown = set(picked) - set(CASES)
+    if unknown or not picked:
+        raise argparse.ArgumentTypeError(f"cases are {', '.join(CASES)}")
+    return picked
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--blob-mib", type=int, default=512, help="blob size (default 512)")
@@ -956,6 +993,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--same-resource", action="store_true", help="see the module docstring")
     parser.add_argument(
         "--steady-images", type=int, default=4096, help="tags walked by the steady HEAD load"
+    )
+    parser.add_argument(
+        "--only", type=cases, metavar="CASES",
+        help=f"comma-separated, of {','.join(CASES)} (default: all; store and fanout are "
+        "bench/store.py's)",
+    )  # fmt: skip
+    parser.add_argument("--clients", type=int, default=10, help="fanout: clients at once")
+    parser.add_argument(
+        "--store-gets", type=int, default=9, help="store: measured GETs per path (fast ones)"
     )
     parser.add_argument("--py-spy", metavar="DIR", help="py-spy flame graph of kuikproxy's load")
     parser.add_argument("--output", metavar="FILE", help="also write the tables here")
