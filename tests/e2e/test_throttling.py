@@ -440,8 +440,12 @@ def test_a_request_the_block_outlasts_is_refused_at_once(timeline: Timeline) -> 
     """SPEC §11: a request that cannot be served within its ``check.maxHold`` (the block ends
     later than that) is refused at once rather than held in vain."""
     _, *own = timeline.hurried  # the first waited for the read that started the block
-    held = [round(a.received - a.sent, 3) for a in own]
-    assert max(held) < MAX_HOLD / 3, held
+    held = sorted(round(a.received - a.sent, 3) for a in own)
+    # Held in vain would mean held MAX_HOLD at least; the typical refusal takes a millisecond.
+    # One answer may be late by a stall of the test process or the machine (seen once in CI:
+    # 137 ms among 1 ms answers), which is why the bound on the slowest is maxHold itself.
+    assert held[len(held) // 2] < MAX_HOLD / 10, held
+    assert held[-1] < MAX_HOLD, held
 
 
 def test_status_shows_the_block_and_counts_its_windows_blocked(timeline: Timeline) -> None:
