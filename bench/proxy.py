@@ -289,6 +289,12 @@ def start_kuikproxy(workdir: Path, upstream: str, tls_upstream: str, ca: Path) -
             TLS_HOST: {"upstream": tls_upstream, "paced": False, "tls": {"caFile": str(ca)}},
         },
     }
+    return serve_kuikproxy(workdir, port, config)
+
+
+def serve_kuikproxy(workdir: Path, port: int, config: dict[str, Any]) -> Peer:
+    """``kuikproxy serve`` in a process of its own with ``config`` (listening on ``port``),
+    logging at ``warning``, once it answers ``/healthz``."""
     path = workdir / "kuikproxy.yaml"
     path.write_text(yaml.safe_dump(config))
     log = workdir / "kuikproxy.log"

@@ -29,7 +29,6 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +52,7 @@ from bench.proxy import (
     check_bytes,
     children,
     curl,
+    serve_kuikproxy,
 )
 from tests.e2e.peers import (
     LOOPBACK,
@@ -61,8 +61,6 @@ from tests.e2e.peers import (
     cpu_seconds,
     free_port,
     http,
-    spawn,
-    wait_until_http,
 )
 
 TARGET_STORE_RATIO = 1.0  # of nginx's MiB/s serving the same file with sendfile
@@ -126,14 +124,7 @@ def start_kuikproxy(workdir: Path, upstream: str, store: Path | None) -> Peer:
     }
     if store is not None:
         config["cache"] = {"blobs": {"path": str(store), "maxBytes": STORE_MAX}}
-    path = workdir / "kuikproxy.yaml"
-    path.write_text(json.dumps(config))  # JSON is YAML
-    log = workdir / "kuikproxy.log"
-    args = [sys.executable, "-m", "kuikproxy", "serve", "--config", str(path)]
-    process = spawn([*args, "--log-level", "warning"], log, clean_env(PYTHONUNBUFFERED="1"))
-    url = f"http://{LOOPBACK}:{port}"
-    wait_until_http(url + "/healthz", process, log)
-    return Peer("kuikproxy", url, process, log)
+    return serve_kuikproxy(workdir, port, config)
 
 
 def store_status(kuik: Peer) -> dict[str, Any]:
