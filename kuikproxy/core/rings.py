@@ -33,30 +33,23 @@ it: otherwise a resource whose first turn comes a window after another resource 
 image would measure its first lap one window too long.
 
 Membership (P8): an image joins when first asked for and leaves after ``unusedImageRetention``
-without a request. What a ring knows of its images is stored by column, in key order
-(:mod:`kuikproxy.core.ringtable`); the last-asked order is a counter stamped on each ask.
+without a request. What a ring knows of its images is stored in key order, as rows for a few and
+by column for more (:mod:`kuikproxy.core.ringtable`); the last-asked order is a counter stamped
+on each ask. What only waiting requests need (P7) exists while one waits: most rings, most of
+the time, wait for nothing.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 
-from kuikproxy.core.ringstate import EntryState, RingHeader, RingState
-from kuikproxy.core.ringtable import UNSET, Chunk, Table
+from kuikproxy.core import ringstate
+from kuikproxy.core.ringstate import UNSET, EntryState, RingHeader, RingState, rows_of
+from kuikproxy.core.ringtable import Chunk, Spot, Table
 from kuikproxy.core.sharedreads import SharedReads, run_length
 from kuikproxy.core.sortedset import SortedSet
 
-SLOW_LAP = 1.5
-"""A lap this many times its best case, or more, is slow (the example alert's threshold)."""
-
-
-def lap_ratio(cycle_duration: float | None, images: int, interval: float) -> float | None:
-    """How much longer than its best case a ring's last lap took: ``cycleDuration / (images ×
-    check.interval)``, the pacing document's "Watching the pace" (None before a lap). Above 1,
-    the ring shares its host or loses windows."""
-    if cycle_duration is None or not images or not interval:
-        return None
-    return cycle_duration / (images * interval)
+SLOW_LAP, lap_ratio = ringstate.SLOW_LAP, ringstate.lap_ratio  # where the page and CLI look
 
 
 class Ring:
@@ -65,7 +58,6 @@ class Ring:
         "_at",
         "_deferred",
         "_due",
-        "_spots",
         "_table",
         "_waiting",
         "_walked",
@@ -86,12 +78,14 @@ class Ring:
         self._walks = False
         self._walked = UNSET  # the last turn: no image was walked past after it
         self._at: tuple[str, int, int, int] | None = None  # the cursor: table version, place
-        self._due = SortedSet()
-        self._deferred: set[str] = set()  # waiting, done in this lap
-        self._ahead: set[str] = set()  # waiting, done for the next lap (answered behind the cursor)
-        self._waiting: dict[str, int] = {}
-        # where each waiting image is (table version, chunk, index): no lookup by key at a turn
-        self._spots: dict[str, tuple[int, Chunk, int]] = {}
+        # hold (P7), made when first needed, let go when nothing waits: the images due, those
+        # waiting but done in this lap, and those done for the next (answered behind the cursor)
+        self._due: SortedSet | None = None
+        self._deferred: set[str] | None = None
+        self._ahead: set[str] | None = None
+        # image → (requests waiting for it, table version, spot): where it is, so that a turn
+        # needs no lookup by key while nothing joined or left
+        self._waiting: dict[str, tuple[int, int, Chunk | None, int]] | None = None
         self.cursor: str | None = None
         self.lap = 0
         self.cycle_started: float | None = None
@@ -108,14 +102,7 @@ class Ring:
     def ask(self, image: str, now: float) -> float | None:
         """The resource asked for ``image``: it joins the ring, or its retention restarts;
         returns :meth:`previous_read` (a kept answer's path needs both)."""
-        found = self._table.find(image)
-        if found is None:
-            self._table.insert(image, now)
-            return None
-        chunk, j = found
-        self._table.touch(chunk, j, now)
-        answered = chunk.answered[j]
-        return None if answered == UNSET else answered
+        return self._table.ask(image, now)
 
     def join(self, images: list[str], now: float) -> None:
         """Many images join at once (a benchmark): one sort, not n inserts."""
@@ -134,7 +121,7 @@ class Ring:
         retention counted from ``now``. The cursor may name a dropped image; successor
         queries do not need it to be a member.
         """
-        return self._table.expire(before, now, self._waiting)
+        return self._table.expire(before, now, self._waiting or ())[0]
 
     # -- laps ---------------------------------------------------------------------------------
 
@@ -148,73 +135,81 @@ class Ring:
 
     def _next_lap(self) -> None:
         self.lap += 1
-        self._due.update(self._deferred)
-        self._deferred, self._ahead = self._ahead, set()
+        if self._deferred:
+            self._due = self._due or SortedSet()
+            self._due.update(self._deferred)
+        self._deferred, self._ahead = self._ahead, None
 
     def answered_in_lap(self, image: str) -> bool:
-        found = self._table.find(image)
-        return found is not None and found[0].laps[found[1]] >= self.lap
+        spot = self._table.find(image)
+        return spot is not None and self._table.lap(spot) >= self.lap
 
     def previous_read(self, image: str) -> float | None:
-        found = self._table.find(image)
-        if found is None:
-            return None
-        answered = found[0].answered[found[1]]
-        return None if answered == UNSET else answered
-
-    def asked_at(self, image: str) -> float | None:
-        found = self._table.find(image)
-        return None if found is None else found[0].asked[found[1]]
+        spot = self._table.find(image)
+        return None if spot is None else self._table.answered(spot)
 
     # -- waiting requests ---------------------------------------------------------------------
 
     def wait(self, image: str) -> None:
         """A request of this resource now waits for ``image`` (which is in the ring)."""
-        count = self._waiting.get(image, 0)
-        self._waiting[image] = count + 1
-        if count == 0:
-            found = self._table.find(image)
-            assert found is not None
-            self._spots[image] = (self._table.version, *found)
-            self._file(image, found[0].laps[found[1]])
+        waiting = self._waiting = self._waiting or {}
+        entry = waiting.get(image)
+        if entry is not None:
+            waiting[image] = (entry[0] + 1, *entry[1:])
+            return
+        spot = self._table.find(image)
+        assert spot is not None
+        waiting[image] = (1, self._table.version, *spot)
+        self._file(image, self._table.lap(spot))
 
     def unwait(self, image: str) -> None:
         """A waiting request was answered or went away (P11)."""
-        count = self._waiting.get(image, 0) - 1
-        if count > 0:
-            self._waiting[image] = count
+        waiting = self._waiting or {}
+        entry = waiting.get(image)
+        if entry is None:
             return
-        self._waiting.pop(image, None)
-        self._spots.pop(image, None)
-        self._due.discard(image)
-        self._deferred.discard(image)
-        self._ahead.discard(image)
+        if entry[1] == self._table.version:  # a read's end answers it next: no lookup then
+            self._table.remember(image, entry[2:])
+        if entry[0] > 1:
+            waiting[image] = (entry[0] - 1, *entry[1:])
+            return
+        del waiting[image]
+        if not waiting:  # the sets hold waiting images only: all empty now
+            self._waiting = self._due = self._deferred = self._ahead = None
+            return
+        for filed in (self._due, self._deferred, self._ahead):
+            if filed is not None:
+                filed.discard(image)
 
     def _file(self, image: str, lap: int) -> None:
         """Put a waiting image in the set its lap says: due, done now, or done for the next."""
         if lap > self.lap:
+            self._ahead = self._ahead or set()
             self._ahead.add(image)
         elif lap == self.lap:
+            self._deferred = self._deferred or set()
             self._deferred.add(image)
         else:
+            self._due = self._due or SortedSet()
             self._due.add(image)
 
     def answer(self, image: str, now: float) -> None:
         """The resource was answered ``image`` at ``now`` (by a window, R2, or a kept answer)."""
-        found = self._table.find(image)
-        if found is None:
+        spot = self._table.find(image)
+        if spot is None:
             return
-        chunk, j = found
-        chunk.answered[j] = now
         behind = self.cursor is not None and image < self.cursor
-        lap = chunk.laps[j] = self.lap + 1 if behind else self.lap
-        if image in self._waiting:  # requests still waiting for it wait for the next lap (P5)
-            self._due.discard(image)
-            self._deferred.discard(image)
+        lap = self.lap + 1 if behind else self.lap
+        self._table.answer(spot, now, lap)
+        if self._waiting and image in self._waiting:  # its requests wait for the next lap (P5)
+            for filed in (self._due, self._deferred):
+                if filed is not None:
+                    filed.discard(image)
             self._file(image, lap)
 
     def waiting(self, image: str) -> int:
-        return self._waiting.get(image, 0)
+        entry = None if self._waiting is None else self._waiting.get(image)
+        return 0 if entry is None else entry[0]
 
     def has_due(self, prefetch: bool) -> bool:
         return bool(len(self._table) if prefetch else self._due or self._deferred or self._ahead)
@@ -231,42 +226,48 @@ class Ring:
             return None
         if self.cycle_started is None:
             self.cycle_started = now
+        table = self._table
         if prefetch:
             walked = self._walk_lap(now, shared)
             if walked is None:
                 return None
-            image, chunk, j = walked
+            image, spot = walked
         else:
-            due = self._due.after(self.cursor)
+            due = None if self._due is None else self._due.after(self.cursor)
             if due is None:
                 self._end_lap(now)
                 if not self._due:
                     # the new lap holds only answers given ahead of it (behind the cursor): it
                     # is over as it starts, and the requests waiting on them are due in the next
                     self._next_lap()
-                due = self._due.after(None)
-            spot = None if due is None else self._spots.get(due)
-            if spot is not None and spot[0] == self._table.version:
-                found: tuple[Chunk, int] | None = spot[1:]
+                due = None if self._due is None else self._due.after(None)
+            entry = None if due is None or self._waiting is None else self._waiting.get(due)
+            if entry is not None and entry[1] == table.version:
+                found: Spot | None = entry[2:]
             else:
-                found = None if due is None else self._table.find(due)
+                found = None if due is None else table.find(due)
             if due is None or found is None:
                 return None
-            image = due
-            chunk, j = found
-        chunk.laps[j] = self.lap
-        chunk.passed[j] = now
+            image, spot = due, found
+        raw = table.take(image, spot, self.lap, now)
         self._walked = max(self._walked, now)
         self.cursor = image
         if prefetch and shared is not None:
-            shared.taken(image, chunk.keys[j])
+            shared.taken(image, raw)
         return image
 
-    def _walk_lap(self, now: float, shared: SharedReads | None) -> tuple[str, Chunk, int] | None:
+    def _walk_lap(self, now: float, shared: SharedReads | None) -> tuple[str, Spot] | None:
         """The prefetch walk from the cursor, wrapping into the next lap if nothing is due
-        before the end of this one: the image taken, its chunk and index."""
+        before the end of this one: the image taken, and its spot."""
         self._walks = True
         table = self._table
+        if not table.chunks:  # a few images, as rows: one at a time
+            taken = table.walk_rows(self.cursor, self.lap, now, shared, self._spared)
+            if taken is None:
+                self._end_lap(now)
+                taken = table.walk_rows(None, self.lap, now, shared, self._spared)
+            self._walked = max(self._walked, now)
+            return taken
         log, i = ([], 0) if shared is None else shared.since(self._walked, now)
         cursor, at = self.cursor, self._at
         if at is not None and at[0] is cursor and at[1] == table.version:
@@ -284,7 +285,7 @@ class Ring:
             return None
         image, c, j = found
         self._at = (image, table.version, c, j)
-        return image, table.chunks[c], j
+        return image, (table.chunks[c], j)
 
     def _walk(
         self,
@@ -314,7 +315,10 @@ class Ring:
                     # read for everyone since the walk last went past it, as are the images
                     # of the run that follows it in both
                     run = run_length(keys, j, log, i, min(stop - j, end - i))
-                    self._spare_run(chunk, j, j + run, now)
+                    # all in this lap: none ahead of the cursor is done for a later one
+                    if self._tracks:
+                        self._spared(chunk.undone(j, j + run, lap))
+                    chunk.walked_past(j, j + run, lap, now)
                     if keys[j] is not log[i] or keys[j + run - 1] is not log[i + run - 1]:
                         keys[j : j + run] = log[i : i + run]  # equal: adopted (SharedReads.taken)
                     j += run
@@ -333,13 +337,6 @@ class Ring:
             j = 0
         return None, i
 
-    def _spare_run(self, chunk: Chunk, start: int, stop: int, now: float) -> None:
-        """Images ``start:stop`` of ``chunk`` are done in this lap, walked past at ``now``: all
-        in this lap, as none ahead of the cursor is done for a later one (only answers behind)."""
-        if self._tracks:
-            self._spared(chunk.undone(start, stop, self.lap))
-        chunk.walked_past(start, stop, self.lap, now)
-
     def _spared(self, images: list[str]) -> None:
         """The walk stepped over ``images``, read for everyone: a tracked ring records them."""
 
@@ -349,9 +346,9 @@ class Ring:
         return RingHeader(self.cursor, self.lap, self.cycle_started, self.cycle_duration)
 
     def entry_state(self, image: str) -> EntryState:
-        found = self._table.find(image)
-        assert found is not None
-        return self._table.state(*found)
+        spot = self._table.find(image)
+        assert spot is not None
+        return self._table.entry(spot)
 
     def export(self) -> RingState:
         """The whole ring as plain values, images in last-asked order."""
@@ -365,7 +362,7 @@ class Ring:
         header = state.header
         self.cursor, self.lap = header.cursor, header.lap
         self.cycle_started, self.cycle_duration = header.cycle_started, header.cycle_duration
-        self._table.restore(state.entries)
+        self._table.build(rows_of(state.entries))
 
     # -- for people -----------------------------------------------------------------------------
 
@@ -385,15 +382,18 @@ class Ring:
 
     def waiting_requests(self) -> int:
         """How many requests of this resource wait for a window: O(images waiting)."""
-        return sum(self._waiting.values())
+        return sum(entry[0] for entry in (self._waiting or {}).values())
 
     def due_before(self, image: str) -> int:
         """How many due images this resource's turns take before ``image`` (hold mode), for the
         ``Retry-After`` of a request held too long (P7): those after the cursor come first."""
-        rank = self._due.rank(image)
+        due = self._due
+        if due is None:
+            return 0
+        rank = due.rank(image)
         if self.cursor is None:
             return rank
-        past_cursor = self._due.rank(self.cursor) + (self.cursor in self._due)
+        past_cursor = due.rank(self.cursor) + (self.cursor in due)
         if image > self.cursor:
             return rank - past_cursor
-        return len(self._due) - past_cursor + rank
+        return len(due) - past_cursor + rank

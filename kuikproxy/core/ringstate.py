@@ -13,7 +13,27 @@ they come out of or go into a ring, wall-clock time in a store. The runtime conv
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+UNSET = float("-inf")
+"""How a ring stores a time never set (never answered, never walked past): below every time, so
+``read <= passed`` is false for it, as it must be (any read for everyone spares an image never
+walked past)."""
+
+Row = tuple[str, int, float, float]  # key, lap, asked, answered: an image as a ring is built from
+
+SLOW_LAP = 1.5
+"""A lap this many times its best case, or more, is slow (the example alert's threshold)."""
+
+
+def lap_ratio(cycle_duration: float | None, images: int, interval: float) -> float | None:
+    """How much longer than its best case a ring's last lap took: ``cycleDuration / (images ×
+    check.interval)``, the pacing document's "Watching the pace" (None before a lap). Above 1,
+    the ring shares its host or loses windows."""
+    if cycle_duration is None or not images or not interval:
+        return None
+    return cycle_duration / (images * interval)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +44,19 @@ class EntryState:
     asked: float
     answered: float | None
     lap: int
+
+    @classmethod
+    def stored(cls, image: str, asked: float, answered: float, lap: int) -> EntryState:
+        """From what a ring stores (``answered`` :data:`UNSET`: never)."""
+        return cls(image, asked, None if answered == UNSET else answered, lap)
+
+
+def rows_of(entries: Iterable[EntryState]) -> list[Row]:
+    """Saved images as a ring is built from them: in last-asked order, which is their asks'."""
+    return [
+        (e.image, e.lap, e.asked, UNSET if e.answered is None else e.answered)
+        for e in sorted(entries, key=lambda e: e.asked)
+    ]
 
 
 @dataclass(frozen=True, slots=True)

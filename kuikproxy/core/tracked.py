@@ -73,10 +73,7 @@ class TrackedRing(Ring):
 
     def expire(self, before: float, now: float) -> list[str]:
         # images still waiting stay, asked for again now: their new time must be written too
-        kept = [
-            i for i in self._waiting if (asked := self.asked_at(i)) is not None and asked < before
-        ]
-        gone = super().expire(before, now)
+        gone, kept = self._table.expire(before, now, self._waiting or ())
         if kept or gone:
             self._changed.update(kept)
             self._changed.difference_update(gone)

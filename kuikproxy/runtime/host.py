@@ -49,7 +49,7 @@ def pacing_of(settings: RegistrySettings, config: Config) -> HostPacing:
 
 class Host:
     __slots__ = (
-        "budget", "name", "parking", "reader", "refused", "scheduler", "services", "settings",
+        "_refused", "budget", "name", "parking", "reader", "scheduler", "services", "settings",
         "timers",
     )  # fmt: skip
 
@@ -61,7 +61,7 @@ class Host:
         self.scheduler = s = HostScheduler(
             host, pacing_of(self.settings, config), now, origin=origin, census=services.census
         )
-        self.refused = Refusals(host)  # its refusals (§12), forgotten with it
+        self._refused: Refusals | None = None  # its refusals (§12), once it has refused
         if services.durable is not None:  # P13: its rings remember what to write
             services.durable.attach(host, s)
         own = services.registries.has_credentials(host)
@@ -75,9 +75,19 @@ class Host:
             services=services,
             settings=self.settings,
         )
-        self.timers = SeriesTimers(host, s, services, opened=self.opened, block=self.budget.block)
+        self.timers = SeriesTimers(host, s, services, self)
         self.share(services.fleet if self.settings.fleet == "shared" else None)
         self.schedule_sweep(now)
+
+    @property
+    def refused(self) -> Refusals:
+        """Its refusal counts (§12), forgotten with it; made at its first refusal."""
+        if self._refused is None:
+            self._refused = Refusals(self.name)
+        return self._refused
+
+    def refusal_counts(self) -> dict[str, int]:
+        return {} if self._refused is None else dict(self._refused.counts)
 
     @property
     def fleet(self) -> FleetLink | None:
@@ -137,6 +147,10 @@ class Host:
             self.forgettable and s.idle(now) and not self.parking.waiters
             and not self.parking.standing
         )  # fmt: skip
+
+    def block(self, until: float) -> None:
+        """A block the fleet knows of (:class:`~kuikproxy.runtime.series.Owner`)."""
+        self.budget.block(until)
 
     def opened(self, operation: Operation, result: WindowResult) -> None:
         """A window opened: standing asks whose turn was lost let go (P11), its read sent."""

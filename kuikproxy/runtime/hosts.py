@@ -184,7 +184,8 @@ class Hosts:
 
     def refusals(self) -> dict[str, dict[str, int]]:
         """The refusal counts of each host that has refused something (§12)."""
-        return {name: dict(h.refused.counts) for name, h in self._hosts.items() if h.refused.counts}
+        counts = ((name, h.refusal_counts()) for name, h in self._hosts.items())
+        return {name: counted for name, counted in counts if counted}
 
     def known(self, host: str) -> bool:
         """Whether ``host`` is configured or has state: what has metrics series of its own."""

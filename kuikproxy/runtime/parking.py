@@ -11,8 +11,9 @@ left.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from kuikproxy.core.flowcontrol import Place
 from kuikproxy.core.scheduler import HostScheduler
@@ -35,17 +36,30 @@ class Waiter:
 
 
 class Parking:
-    """One host's parked requests and standing asks."""
+    """One host's parked requests and standing asks.
 
-    __slots__ = ("loop", "scheduler", "standing", "waiters")
+    Made for every host, and most hosts have nothing parked most of the time: each dict is made
+    when its first entry comes and let go when its last one leaves (an emptied dict keeps the
+    table it grew).
+    """
+
+    __slots__ = ("_standing", "_waiters", "loop", "scheduler")
 
     def __init__(self, scheduler: HostScheduler, loop: asyncio.AbstractEventLoop) -> None:
         self.scheduler = scheduler
         self.loop = loop
-        self.waiters: dict[Ticket, Waiter] = {}
+        self._waiters: dict[Ticket, Waiter] | None = None
         # P11: the requests of clients that left (or were refused under maxHold), by their
         # standing ticket: a window reads the image for them as for a waiting request
-        self.standing: dict[Ticket, RegistryRequest] = {}
+        self._standing: dict[Ticket, RegistryRequest] | None = None
+
+    @property
+    def waiters(self) -> Mapping[Ticket, Waiter]:
+        return self._waiters or _NO_WAITERS
+
+    @property
+    def standing(self) -> Mapping[Ticket, RegistryRequest]:
+        return self._standing or _NO_STANDING
 
     def __len__(self) -> int:
         return len(self.waiters)
@@ -82,8 +96,13 @@ class Parking:
 
     def settled(self, tickets: tuple[Ticket, ...] | list[Ticket]) -> None:
         """These asks were read, or let go: they stand no more."""
+        standing = self._standing
+        if standing is None:
+            return
         for ticket in tickets:
-            self.standing.pop(ticket, None)
+            standing.pop(ticket, None)
+        if not standing:
+            self._standing = None
 
     def fail(self, error: Callable[[Ticket, RegistryRequest], RegistryError | None]) -> None:
         """Refuse every waiting request that ``error`` has a refusal for."""
@@ -112,7 +131,9 @@ class Parking:
         """Park ``request`` for ``ticket``'s window; ``expired`` is called at ``expire_at``
         (maxHold). Its client awaits ``future`` and calls :meth:`unpark` when it stops."""
         waiter = Waiter(ticket, request, self.loop.create_future(), place, self)
-        self.waiters[ticket] = waiter
+        if self._waiters is None:
+            self._waiters = {}
+        self._waiters[ticket] = waiter
         if expire_at is not None:
             waiter.expiry = self.loop.call_at(expire_at, expired, ticket)
         return waiter
@@ -123,7 +144,11 @@ class Parking:
         release it could not use ends its part of the copy."""
         if waiter.expiry is not None:
             waiter.expiry.cancel()
-        del self.waiters[waiter.ticket]
+        waiters = self._waiters
+        assert waiters is not None
+        del waiters[waiter.ticket]
+        if not waiters:
+            self._waiters = None
         waiter.request.flow.unpark(waiter.place)
         future = waiter.future
         if not future.done() or future.cancelled():
@@ -137,9 +162,16 @@ class Parking:
         """P11: ``ticket``'s client is gone, its image stays asked: kept with its request, so
         the window that reads it reads what the client asked for, with its credentials."""
         if self.scheduler.stand(ticket, self.loop.time()):
-            self.standing[ticket] = request
+            if self._standing is None:
+                self._standing = {}
+            self._standing[ticket] = request
 
     def waiting(self, ticket: Ticket) -> Waiter | None:
         """``ticket``'s waiter while its client still waits for an outcome."""
         waiter = self.waiters.get(ticket)
         return waiter if waiter is not None and not waiter.future.done() else None
+
+
+# what a Parking with nothing parked, or nothing standing, shows: read-only, shared
+_NO_WAITERS: Mapping[Ticket, Waiter] = MappingProxyType({})
+_NO_STANDING: Mapping[Ticket, RegistryRequest] = MappingProxyType({})

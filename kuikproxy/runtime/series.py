@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from typing import Protocol
 
 from kuikproxy.core.scheduler import HostScheduler
 from kuikproxy.core.tickets import Operation, WindowResult
@@ -22,31 +22,51 @@ from kuikproxy.runtime.services import Services
 log = logging.getLogger(__name__)
 
 
-class SeriesTimers:
-    """One host's check and copy series on the loop."""
+class Owner(Protocol):
+    """What the timers tell of their windows: the host."""
 
-    __slots__ = ("armed", "block", "closed", "fleet", "name", "opened", "scheduler", "services")
+    def opened(self, operation: Operation, result: WindowResult) -> None:
+        """Carry out what a window decided."""
+
+    def block(self, until: float) -> None:
+        """Put a block the fleet knows of on the host."""
+
+
+class SeriesTimers:
+    """One host's check and copy series on the loop.
+
+    Made for every host, so it holds no more than it must: a slot per series' timer, not a
+    dict, and its host, not bound methods of it.
+    """
+
+    __slots__ = ("_check", "_copy", "closed", "fleet", "name", "owner", "scheduler", "services")
 
     def __init__(
-        self,
-        name: str,
-        scheduler: HostScheduler,
-        services: Services,
-        *,
-        opened: Callable[[Operation, WindowResult], None],
-        block: Callable[[float], None],
+        self, name: str, scheduler: HostScheduler, services: Services, owner: Owner
     ) -> None:
         self.name = name
         self.scheduler = scheduler
         self.services = services
-        self.opened = opened  # carries out what a window decided
-        self.block = block  # puts a block the fleet knows of on the host
+        self.owner = owner
         self.closed = False  # the host was let go of (forgotten, or a reload): no more windows
         self.fleet: FleetLink | None = None  # set while the host is shared with a fleet
-        # a series' timer while something may be due there; a series with none sleeps
-        self.armed: dict[Operation, asyncio.TimerHandle] = {}
+        # each series' timer while something may be due there; a series with none sleeps
+        self._check: asyncio.TimerHandle | None = None
+        self._copy: asyncio.TimerHandle | None = None
         self.arm(Operation.CHECK)
         self.arm(Operation.COPY)
+
+    @property
+    def armed(self) -> dict[Operation, asyncio.TimerHandle]:
+        """The series' timers that are set."""
+        timers = ((Operation.CHECK, self._check), (Operation.COPY, self._copy))
+        return {operation: timer for operation, timer in timers if timer is not None}
+
+    def _set(self, operation: Operation, timer: asyncio.TimerHandle | None) -> None:
+        if operation is Operation.CHECK:
+            self._check = timer
+        else:
+            self._copy = timer
 
     def series(self, operation: Operation) -> Series:
         s = self.scheduler
@@ -56,27 +76,28 @@ class SeriesTimers:
         """Set the series' timer at its next window while something may be due there; with
         nothing due it sleeps, timerless, until :meth:`wake`."""
         loop = self.services.loop
-        old = self.armed.pop(operation, None)
+        old = self._check if operation is Operation.CHECK else self._copy
         if old is not None:
             old.cancel()
         at = self.scheduler.next_due(operation, loop.time())
-        if at is not None:
-            self.armed[operation] = loop.call_at(at, self.window, operation)
+        self._set(operation, None if at is None else loop.call_at(at, self.window, operation))
 
     def wake(self, operation: Operation) -> None:
         """Something may have become due on a sleeping series: its timer, at its next window
         on its grid (P1); the windows it slept through were idle."""
-        if operation not in self.armed and self.scheduler.has_due(operation):
+        timer = self._check if operation is Operation.CHECK else self._copy
+        if timer is None and self.scheduler.has_due(operation):
             self.arm(operation)
 
     def close(self) -> None:
         self.closed = True
-        for timer in self.armed.values():
-            timer.cancel()
-        self.armed.clear()
+        for timer in (self._check, self._copy):
+            if timer is not None:
+                timer.cancel()
+        self._check = self._copy = None
 
     def window(self, operation: Operation) -> None:
-        self.armed.pop(operation, None)  # it fired: armed again below, if it must be
+        self._set(operation, None)  # it fired: armed again below, if it must be
         fleet, loop = self.fleet, self.services.loop
         if fleet is None or not self.scheduler.has_due(operation):
             self.open(operation, loop.time())
@@ -85,7 +106,7 @@ class SeriesTimers:
         # now, so a slow answer from the fleet never shifts the grid
         series = self.series(operation)
         at = series.next_window()
-        self.armed[operation] = loop.call_at(at + series.interval, self.window, operation)
+        self._set(operation, loop.call_at(at + series.interval, self.window, operation))
         self.services.spawn(self.fleet_window(operation, series.index(at)))
 
     async def fleet_window(self, operation: Operation, index: int) -> None:
@@ -97,7 +118,7 @@ class SeriesTimers:
             await fleet.align(self.name, operation, series)
             self.arm(operation)
             return
-        mine = await fleet.may_use(self.name, operation, index, series.interval, self.block)
+        mine = await fleet.may_use(self.name, operation, index, series.interval, self.owner.block)
         if series.fired >= index or self.closed:
             return  # a later window fired meanwhile, or the host is gone (a reload)
         now = self.services.loop.time()
@@ -120,7 +141,7 @@ class SeriesTimers:
         result = s.check_window(now) if operation is Operation.CHECK else s.copy_window(now)
         self.arm(operation)
         self.observe(operation, result, now)
-        self.opened(operation, result)
+        self.owner.opened(operation, result)
 
     def observe(self, operation: Operation, result: WindowResult, now: float) -> None:
         for observe in self.services.observers:
