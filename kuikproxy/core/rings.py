@@ -45,7 +45,7 @@ from bisect import bisect_right
 
 from kuikproxy.core import ringstate
 from kuikproxy.core.ringstate import UNSET, EntryState, RingHeader, RingState, rows_of
-from kuikproxy.core.ringtable import Chunk, Spot, Table
+from kuikproxy.core.ringtable import Spot, Table, Waiting
 from kuikproxy.core.sharedreads import SharedReads, run_length
 from kuikproxy.core.sortedset import SortedSet
 
@@ -85,7 +85,7 @@ class Ring:
         self._ahead: set[str] | None = None
         # image → (requests waiting for it, table version, spot): where it is, so that a turn
         # needs no lookup by key while nothing joined or left
-        self._waiting: dict[str, tuple[int, int, Chunk | None, int]] | None = None
+        self._waiting: dict[str, Waiting] | None = None
         self.cursor: str | None = None
         self.lap = 0
         self.cycle_started: float | None = None

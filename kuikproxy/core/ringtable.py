@@ -24,6 +24,7 @@ from collections.abc import Sequence as Seq
 from operator import itemgetter
 from typing import Any
 
+from kuikproxy.core.ringchunks import Chunk
 from kuikproxy.core.ringstate import UNSET, EntryState, Row
 from kuikproxy.core.sharedreads import SharedReads
 
@@ -35,45 +36,11 @@ _NUMBERS = ("laps", "seqs", "asked", "answered", "passed")  # a chunk's arrays: 
 _SEQ_LIMIT = 2**32 - 1  # seqs are unsigned 32-bit: renumbered, in order, before they overflow
 
 
-class Chunk:
-    __slots__ = ("answered", "asked", "keys", "laps", "passed", "seqs")
-
-    def __init__(
-        self, keys: list[bytes], laps: array[int], seqs: array[int], asked: array[float], *,
-        answered: array[float], passed: array[float],
-    ) -> None:  # fmt: skip
-        self.keys = keys
-        self.laps = laps  # the last lap each image was done in
-        self.seqs = seqs  # last-asked order
-        self.asked = asked
-        self.answered = answered
-        self.passed = passed  # prefetch: when the walk last went past
-
-    def undone(self, start: int, stop: int, lap: int) -> list[str]:
-        """The images ``start:stop`` not done in ``lap``."""
-        pairs = zip(self.keys[start:stop], self.laps[start:stop], strict=True)
-        return [k.decode() for k, done in pairs if done < lap]
-
-    def walked_past(self, start: int, stop: int, lap: int, now: float) -> None:
-        """Images ``start:stop`` are done in ``lap``, walked past at ``now``."""
-        self.laps[start:stop] = array("i", [lap]) * (stop - start)
-        self.passed[start:stop] = array("d", [now]) * (stop - start)
-
-    def split(self) -> Chunk:
-        """Move the upper half into a new chunk, returned."""
-        half = len(self.keys) // 2
-        upper = Chunk(
-            self.keys[half:], self.laps[half:], self.seqs[half:], self.asked[half:],
-            answered=self.answered[half:], passed=self.passed[half:],
-        )  # fmt: skip
-        del self.keys[half:], self.laps[half:], self.seqs[half:], self.asked[half:]
-        del self.answered[half:], self.passed[half:]
-        return upper
-
-
 # where an image is: its chunk and index, or None and its row's offset; until an image joins or
 # leaves (``Table.version`` counts those changes)
 Spot = tuple[Chunk | None, int]
+# an image a request waits for, as its ring keeps it: (requests waiting, ``Table.version``, spot)
+Waiting = tuple[int, int, Chunk | None, int]
 
 # a table holds rows or chunks, never both: the other side is one of these, shared by every table
 # and never added to (:meth:`Table.insert` and :meth:`Table._fill` give a table lists of its own)
