@@ -130,7 +130,8 @@ class CheckTurns(StandingAsks):
             self._riders = []
         if kept and (read.leader is None or read.leader.auth is None):
             # kept for everyone: prefetch rings that get there find it and skip it (P7, R1)
-            self._shared_reads.put(read.image.key, read.at, read.at + self.pacing.max_age)
+            kept_until, logged = read.at + self.pacing.max_age, self.pacing.prefetch
+            self._shared_reads.put(read.image.key, read.at, kept_until, logged=logged)
         answered: set[str] = set()
         for ticket in served:
             # a ticket cancelled meanwhile (P11) no longer counts among its ring's waiters

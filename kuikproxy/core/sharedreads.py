@@ -37,8 +37,13 @@ class SharedReads:
         their keys, and compare them by identity, without reading the bytes."""
         self._taken = (key, raw)
 
-    def put(self, key: str, at: float, until: float) -> None:
+    def put(self, key: str, at: float, until: float, *, logged: bool = True) -> None:
+        """``key`` was read for everyone at ``at``, kept until ``until``. Not ``logged`` (the
+        host holds, nothing walks): a walk after a switch to prefetch finds it in the map, one
+        image at a time, as it does any read missing from the log."""
         self._map.put(key, at, until)
+        if not logged:
+            return
         if self._at and (at < self._at[-1] or until < self._until[-1]):
             # a shorter cache.maxAge (a reload): the log's deadlines must not decrease, so it
             # starts again; the map alone still answers every lookup

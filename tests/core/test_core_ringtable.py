@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from unittest import mock
@@ -153,3 +154,28 @@ def test_a_run_after_a_wrap_stops_at_the_old_cursor() -> None:
             with one_at_a_time():
                 assert ring.take(7.0, True, shared) == "c"
         assert ring.lap == 1
+
+
+def test_reads_made_while_a_host_held_decide_as_logged_ones_once_it_prefetches() -> None:
+    """R1, P7: a host that holds keeps no ordered log of its reads for everyone (no walk needs
+    it); after a reload turns it to prefetch, its walks decide exactly as if those reads had
+    been logged: found one image at a time, within ``cache.maxAge``."""
+
+    def scenario() -> tuple[list[str], int]:
+        t = Timeline.start(0.0, check_interval=1.0, max_age=3600.0)
+        keys = images(20)
+        t.sched.join("B", keys, 0.0)  # tracks every image, waits for none
+        t.ask_all("A", keys[:10], 0.0)
+        t.run(10)
+        logged = len(t.sched._shared_reads.since(-1.0, 10.0)[0])
+        t.sched.reconfigure(dataclasses.replace(t.sched.pacing, prefetch=True), 11.0)
+        t.run(40)
+        return t.read_keys(), logged
+
+    put = SharedReads.put
+    with mock.patch.object(
+        SharedReads, "put", lambda self, key, at, until, logged: put(self, key, at, until)
+    ):
+        always, logged = scenario()
+    assert logged == 10
+    assert scenario() == (always, 0)
