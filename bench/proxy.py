@@ -305,7 +305,10 @@ def serve_kuikproxy(
     path = workdir / "kuikproxy.yaml"
     path.write_text(yaml.safe_dump(config))
     log = workdir / "kuikproxy.log"
-    args = [sys.executable, "-m", "kuikproxy", "serve", "--config", str(path)]
+    # -P: not the working directory first on sys.path (``-m`` puts it there), or a checkout
+    # run from would win over ``tree``
+    python = [sys.executable, "-P"] if tree else [sys.executable]
+    args = [*python, "-m", "kuikproxy", "serve", "--config", str(path)]
     env = clean_env(PYTHONUNBUFFERED="1", **({"PYTHONPATH": tree} if tree else {}))
     process = spawn([*args, "--log-level", "warning"], log, env)
     url = f"http://{LOOPBACK}:{port}"
