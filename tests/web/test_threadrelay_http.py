@@ -47,7 +47,10 @@ def start(
     """kuikproxy (handlers cancelled when their client leaves, SIGTERM's grace, as ``serve``)
     before a registry that answers blobs as told (``fake.lies``); over TLS with ``tls``."""
 
-    async def run(tls: Path | None = None, timeout: str = "0s") -> tuple[Client, LyingRegistry]:
+    async def run(
+        tls: Path | None = None, timeout: str = "0s", store: Path | None = None
+    ) -> tuple[Client, LyingRegistry]:
+        """``store``: with a pull-through store there."""
         fake = LyingRegistry()
         scheme, trust, context = "http", "", None
         if tls is not None:
@@ -58,8 +61,9 @@ def start(
             context.load_cert_chain(cert, key)
             scheme, trust = "https", f"    tls: {{caFile: {cert}}}\n"
         server = await aiohttp_server(fake.app(), ssl=context)
+        cache = "" if store is None else f"cache: {{blobs: {{path: {str(store)!r}}}}}\n"
         config = parse_config(
-            f"registries:\n  {HOST}:\n    upstream: {scheme}://127.0.0.1:{server.port}\n"
+            f"{cache}registries:\n  {HOST}:\n    upstream: {scheme}://127.0.0.1:{server.port}\n"
             f"    check: {{interval: 200ms}}\n"
             f"    copy: {{interval: 200ms, idle: 0s, timeout: {timeout}}}\n" + trust
         )
@@ -228,3 +232,26 @@ async def test_a_blob_relayed_in_a_thread_ends_at_copy_timeout(
     assert time.monotonic() - started < STALL_TIMEOUT / 2  # the deadline, not a stall
     fake.let_go.set()
     await settled(lambda: not blob_threads() and not threadrelay._relaying, "threads ended")
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["honest", "last-byte"])
+async def test_with_a_store_a_blob_is_filled_on_the_loop(
+    start: Start, tmp_path: Path, relays: list[threading.Thread], wrong: bool
+) -> None:
+    """With a pull-through store, a large blob is read once into the store on the loop, not in
+    a thread (docs/decisions.md): served whole when it is its digest's content, and otherwise
+    broken off, with nothing of it kept on disk."""
+    client, fake = await start(store=tmp_path / "store")
+    served = BODY[:-1] + bytes([BODY[-1] ^ 1]) if wrong else BODY
+    fake.lies[DIGEST] = Lie(served, DIGEST)
+    reader, writer = await get_blob(client)
+    if wrong:
+        with pytest.raises(asyncio.IncompleteReadError):
+            await reader.readexactly(len(BODY))
+    else:
+        assert await reader.readexactly(len(BODY)) == BODY
+    writer.close()
+    assert relays == []
+    on_disk = [p.read_bytes() for p in (tmp_path / "store").rglob("*") if p.is_file()]
+    assert (BODY in on_disk) is not wrong
+    assert served not in on_disk or not wrong
