@@ -42,7 +42,8 @@ Layout (everything on 127.0.0.1, nothing else is ever contacted; all under one t
 
 Run: ``/tmp/v/bin/python bench/proxy.py`` (``--blob-mib 64 --seconds 3`` for a quick run;
 ``--only blob,head,store,fanout`` picks cases, all by default; ``--py-spy DIR`` records py-spy
-flame graphs of kuikproxy during its HEAD runs when py-spy exists).
+flame graphs of kuikproxy during its HEAD runs when py-spy exists; ``--baseline TREE`` adds a
+second kuikproxy, imported from another source tree, to the blob rows, side by side).
 """
 
 from __future__ import annotations
@@ -274,7 +275,10 @@ def start_nginx(workdir: Path, upstream_port: int, workers: int, ca: Path | None
     return Peer("nginx", nginx.url, nginx.process, nginx.log_file)
 
 
-def start_kuikproxy(workdir: Path, upstream: str, tls_upstream: str, ca: Path) -> Peer:
+def start_kuikproxy(
+    workdir: Path, upstream: str, tls_upstream: str, ca: Path, tree: str | None = None
+) -> Peer:
+    """kuikproxy with the bench's registries; from the source tree ``tree`` if given."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     config = {
@@ -289,17 +293,24 @@ def start_kuikproxy(workdir: Path, upstream: str, tls_upstream: str, ca: Path) -
             TLS_HOST: {"upstream": tls_upstream, "paced": False, "tls": {"caFile": str(ca)}},
         },
     }
-    return serve_kuikproxy(workdir, port, config)
+    return serve_kuikproxy(workdir, port, config, tree)
 
 
-def serve_kuikproxy(workdir: Path, port: int, config: dict[str, Any]) -> Peer:
+def serve_kuikproxy(
+    workdir: Path, port: int, config: dict[str, Any], tree: str | None = None
+) -> Peer:
     """``kuikproxy serve`` in a process of its own with ``config`` (listening on ``port``),
-    logging at ``warning``, once it answers ``/healthz``."""
+    logging at ``warning``, once it answers ``/healthz``; kuikproxy imported from ``tree``
+    (``PYTHONPATH``) when given."""
     path = workdir / "kuikproxy.yaml"
     path.write_text(yaml.safe_dump(config))
     log = workdir / "kuikproxy.log"
-    args = [sys.executable, "-m", "kuikproxy", "serve", "--config", str(path)]
-    process = spawn([*args, "--log-level", "warning"], log, clean_env(PYTHONUNBUFFERED="1"))
+    # -P: not the working directory first on sys.path (``-m`` puts it there), or a checkout
+    # run from would win over ``tree``
+    python = [sys.executable, "-P"] if tree else [sys.executable]
+    args = [*python, "-m", "kuikproxy", "serve", "--config", str(path)]
+    env = clean_env(PYTHONUNBUFFERED="1", **({"PYTHONPATH": tree} if tree else {}))
+    process = spawn([*args, "--log-level", "warning"], log, env)
     url = f"http://{LOOPBACK}:{port}"
     wait_until_http(url + "/healthz", process, log)
     return Peer("kuikproxy", url, process, log)
@@ -375,6 +386,7 @@ def push_big_blob(base: str, repository: str, mib: int) -> str:
 class BlobRun:
     mib_s: float
     rss_growth_mib: float
+    cpu_s: float  # the server's CPU seconds (every thread) during the transfer
 
 
 @dataclass
@@ -396,6 +408,9 @@ class BlobPath:
     @property
     def growth(self) -> float:
         return max(r.rss_growth_mib for r in self.runs)
+
+    def cpu_ms_per_mib(self, size: int) -> float:
+        return statistics.median(r.cpu_s for r in self.runs) * 1000 / (size / MiB)
 
 
 def curl(url: str, size: int, options: Sequence[str] = ()) -> float:
@@ -431,27 +446,36 @@ def measure_blobs(paths: list[BlobPath], digest: str, size: int, rounds: int) ->
         check_bytes(path.url, digest, path.curl)
     for _ in range(rounds):
         for path in paths:
+            pids = path.pids()
+            cpu = cpu_seconds(pids)
             with RssSampler(path.pids) as rss:
                 speed = curl(path.url, size, path.curl)
-            path.runs.append(BlobRun(speed, rss.growth_mib))
+            path.runs.append(BlobRun(speed, rss.growth_mib, cpu_seconds(pids) - cpu))
 
 
-def blob_table(paths: list[BlobPath], title: str, target: float) -> list[str]:
-    """The rows of ``paths`` (direct, nginx, kuikproxy), judged against ``target``× nginx."""
+def blob_table(paths: list[BlobPath], title: str, target: float, size: int) -> list[str]:
+    """The rows of ``paths`` (direct, nginx, kuikproxy, then a baseline kuikproxy if any),
+    kuikproxy judged against ``target``× nginx. CPU: the server process's (every thread; the
+    receiving side's TCP work on loopback included), median of the runs, per MiB."""
     direct, nginx = paths[0], paths[1]
     lines = [
         title,
         "",
-        f"{'path':<16} {'runs MiB/s':<26} {'median':>8} {'best':>8} {'/direct':>8} "
-        f"{'/nginx':>7} {'RSS growth MiB (max)':>21}",
+        f"{'path':<16} {'runs MiB/s':<26} {'CPU ms/MiB':>10} {'median':>8} {'best':>8} "
+        f"{'/direct':>8} {'/nginx':>7} {'RSS growth MiB (max)':>21}",
     ]
     for p in paths:
         runs = " ".join(f"{r.mib_s:.0f}" for r in p.runs)
         growth = "—" if p is direct else f"{p.growth:.2f}"
         lines.append(
-            f"{p.name:<16} {runs:<26} {p.median:>8.0f} {p.best:>8.0f} "
-            f"{p.median / direct.median:>8.2f} {p.median / nginx.median:>7.2f} {growth:>21}"
+            f"{p.name:<16} {runs:<26} {p.cpu_ms_per_mib(size):>10.2f} {p.median:>8.0f} "
+            f"{p.best:>8.0f} {p.median / direct.median:>8.2f} {p.median / nginx.median:>7.2f} "
+            f"{growth:>21}"
         )
+    for p in paths[3:]:  # a baseline: its ratio per round, too
+        pairs = zip(p.runs, nginx.runs, strict=True)
+        rounds = " ".join(f"{k.mib_s / n.mib_s:.2f}" for k, n in pairs)
+        lines.append(f"{p.name}: {p.median / nginx.median:.2f}× nginx (per round: {rounds})")
     kuik = paths[2]
     ratio = kuik.median / nginx.median
     pairs = zip(kuik.runs, nginx.runs, strict=True)
@@ -798,6 +822,7 @@ class Setup:
     peers: list[Peer]
     tls_registry: TLSRegistry
     tls_nginx: Peer
+    base: Peer | None = None  # --baseline: another kuikproxy, measured alongside
 
     @property
     def registry_pid(self) -> int:
@@ -818,16 +843,23 @@ def measure_blob(setup: Setup, digest: str, args: argparse.Namespace) -> list[st
         BlobPath("nginx TLS-up", tls_nginx.url + blob, lambda: children(tls_nginx.pid)),
         BlobPath("kuikproxy TLS-up", f"{kuik.url}{blob}?ns={TLS_HOST}", lambda: [kuik.pid]),
     ]  # fmt: skip
+    plain, tls = paths[:3], paths[3:]
+    if (base := setup.base) is not None:
+        plain.append(BlobPath("kuik base", f"{base.url}{blob}?ns={BENCH_HOST}", lambda: [base.pid]))
+        tls.append(
+            BlobPath("kuik base TLS-up", f"{base.url}{blob}?ns={TLS_HOST}", lambda: [base.pid])
+        )
     t0 = time.monotonic()
-    measure_blobs(paths, digest, args.blob_mib * MiB, args.rounds)
+    size = args.blob_mib * MiB
+    measure_blobs([*plain, *tls], digest, size, args.rounds)
     print(f"[blobs measured in {time.monotonic() - t0:.1f} s]")
-    rounds = f"{args.rounds} rounds, all six paths interleaved"
+    rounds = f"{args.rounds} rounds, all {len(plain) + len(tls)} paths interleaved"
     return [
-        *blob_table(paths[:3], f"(a) {args.blob_mib} MiB blob, curl -o /dev/null, {rounds}",
-                    TARGET_BLOB_RATIO),
+        *blob_table(plain, f"(a) {args.blob_mib} MiB blob, curl -o /dev/null, {rounds}",
+                    TARGET_BLOB_RATIO, size),
         "",
-        *blob_table(paths[3:], "(a') the same blob, the upstream over TLS (TLS 1.3, verified); "
-                    "clients on plain HTTP", TARGET_TLS_RATIO),
+        *blob_table(tls, "(a') the same blob, the upstream over TLS (TLS 1.3, verified); "
+                    "clients on plain HTTP", TARGET_TLS_RATIO, size),
     ]  # fmt: skip
 
 
@@ -960,7 +992,13 @@ def bench(args: argparse.Namespace) -> int:
             peers.append(tls_nginx)
             kuik = start_kuikproxy(workdir / "kuikproxy", registry.url, tls_registry.url, ca)
             peers.append(kuik)
-            setup = Setup(workdir, registry, nginx, kuik, peers, tls_registry, tls_nginx)
+            base = None
+            if args.baseline:
+                base = start_kuikproxy(
+                    workdir / "kuik-base", registry.url, tls_registry.url, ca, args.baseline
+                )
+                peers.append(base)
+            setup = Setup(workdir, registry, nginx, kuik, peers, tls_registry, tls_nginx, base)
             for case in CASES:  # (c) and (d) after (b): bench/compare.py reads (a) and (b)
                 if case in (args.only or CASES):
                     table = case_table(case, setup, digest, image.index.digest, args)
@@ -1012,6 +1050,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--py-spy", metavar="DIR", help="py-spy flame graph of kuikproxy's load")
     parser.add_argument("--output", metavar="FILE", help="also write the tables here")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
+    parser.add_argument(
+        "--baseline",
+        metavar="TREE",
+        help="(a): also a kuikproxy imported from this source tree (PYTHONPATH), e.g. an "
+        "extracted older commit, its blobs interleaved with the others' (rows 'kuik base')",
+    )
     parser.add_argument("--load", metavar="JSON", help=argparse.SUPPRESS)
     parser.add_argument("--bare-server", nargs=2, metavar=("PORT", "FILE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -29,6 +29,7 @@ from kuikproxy.core.reuse import (
 from kuikproxy.core.tickets import Operation
 from kuikproxy.runtime.flow import Flow, FlowGate
 from kuikproxy.upstream.client import UpstreamRequest, UpstreamResponse, end_to_end
+from kuikproxy.upstream.detached import Detached
 
 # R1: what a kept answer remembers of the headers, besides its status and body.
 KEPT_HEADERS = frozenset(
@@ -202,6 +203,10 @@ class Opened:
 
     async def read(self, limit: int) -> bytes:
         return await self.response.read(limit)
+
+    def detach(self) -> Detached | None:
+        """The rest of the body to read off the socket (a blob relayed in a thread), or None."""
+        return self.response.detach()
 
 
 @dataclass(slots=True)

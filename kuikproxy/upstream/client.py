@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import ssl
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -22,6 +23,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from kuikproxy.errors import Denied, UpstreamTimeout, UpstreamUnreachable
+from kuikproxy.upstream.detached import Detached, detach
 from kuikproxy.upstream.guard import AddressGuard, AddressRefused, GuardedResolver
 
 GUARD = "addressGuard"  # the reason of the address guard's refusals (SPEC §12)
@@ -67,6 +69,11 @@ class UpstreamResponse(Protocol):
 
     async def read(self, limit: int) -> bytes: ...
 
+    def detach(self) -> Detached | None:
+        """The rest of the body to read off the socket, or None when it cannot be (see
+        :meth:`_AiohttpResponse.detach`); once detached, never :meth:`chunks` or :meth:`read`."""
+        ...
+
     def release(self) -> None:
         """Done with this answer (its connection goes back to the pool or is closed)."""
         ...
@@ -104,11 +111,15 @@ def end_to_end(headers: Sequence[tuple[str, str]] | CIMultiDictProxy[str]) -> CI
 
 
 class _AiohttpResponse:
-    def __init__(self, response: aiohttp.ClientResponse, what: str) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, what: str, deadline: float | None) -> None:
         self._response = response
         self._what = what
+        # time.monotonic(): when the request's timeout runs out (aiohttp's own ``total`` is
+        # on the loop's clock and bounds only what the loop reads)
+        self._deadline = deadline
         self.status = response.status
         self.headers = response.headers
+        self._detached = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
@@ -129,11 +140,22 @@ class _AiohttpResponse:
                 raise UpstreamUnreachable(f"{self._what}: answer larger than {limit} bytes")
         return bytes(body)
 
+    def detach(self) -> Detached | None:
+        """The rest of the body, taken from the loop to be read in a thread (see
+        :mod:`kuikproxy.upstream.detached`), or None. Its connection is then closed when
+        released, never reused."""
+        detached = detach(self._response, self._what, STALL_TIMEOUT, self._deadline)
+        self._detached = self._detached or detached is not None
+        return detached
+
     async def __aenter__(self) -> _AiohttpResponse:
         return self
 
     def release(self) -> None:
-        self._response.release()
+        if self._detached:  # its parser never saw the body's end: closed, never pooled
+            self._response.close()
+        else:
+            self._response.release()
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
@@ -183,6 +205,7 @@ class AiohttpTransport:
         timeout = aiohttp.ClientTimeout(
             total=request.timeout, sock_connect=self._connect_timeout, sock_read=STALL_TIMEOUT
         )
+        deadline = None if request.timeout is None else time.monotonic() + request.timeout
         # Foreign exceptions are not chained to ours (``from None``): their text may carry the
         # URL's query, and a chained traceback would take it to a log. The reason is the message.
         try:
@@ -211,7 +234,7 @@ class AiohttpTransport:
             raise UpstreamTimeout(f"{what}: {_no_answer(request.timeout)}") from None
         except (aiohttp.ClientError, OSError) as e:
             raise UpstreamUnreachable(f"{what}: {_reason(e)}") from None
-        return _AiohttpResponse(response, what)
+        return _AiohttpResponse(response, what, deadline)
 
     async def close(self) -> None:
         sessions, self._sessions = self._sessions, {}

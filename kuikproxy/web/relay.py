@@ -1,8 +1,10 @@
 """Answers to clients: a whole answer from the runtime, or an upstream answer streamed.
 
-Blobs are streamed chunk by chunk, never buffered whole (R6). HEAD answers keep the registry's
-``Content-Length`` and ``Docker-Content-Digest``: clients (containerd, skopeo) size and verify
-by them.
+Blobs are streamed chunk by chunk, never buffered whole (R6); a blob read by digest is hashed
+on the way and its last chunk held back until it is known to be its digest's content, the rest
+of a large one relayed off the loop, in a thread (:mod:`kuikproxy.web.threadrelay`). HEAD
+answers keep the registry's ``Content-Length`` and ``Docker-Content-Digest``: clients
+(containerd, skopeo) size and verify by them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from kuikproxy.errors import UpstreamError
 from kuikproxy.runtime.content import MAX_MANIFEST, mismatch
 from kuikproxy.runtime.messages import Answer, Body, Opened
 from kuikproxy.web.classify import Target
+from kuikproxy.web.threadrelay import client_socket, relay_in_thread
 
 
 def _client_headers(headers: CIMultiDict[str], ns: str | None) -> CIMultiDict[str]:
@@ -92,7 +95,7 @@ async def stream(request: web.Request, answer: Opened, ns: str | None) -> web.St
             if check is None:
                 async for chunk in answer.chunks():
                     await response.write(chunk)
-            elif not await _relay_checked(answer, response, check):
+            elif not await _relay_checked(answer, request, response, check):
                 # the last chunk was held back: the client sees a body cut short, never a
                 # clean end of content that is not what it asked for
                 log.warning("%s", mismatch(host, check.repository, check.digest).message)
@@ -108,16 +111,25 @@ async def stream(request: web.Request, answer: Opened, ns: str | None) -> web.St
     return response
 
 
-async def _relay_checked(answer: Opened, response: web.StreamResponse, check: Content) -> bool:
+async def _relay_checked(
+    answer: Opened, request: web.Request, response: web.StreamResponse, check: Content
+) -> bool:
     """Relay a blob hashing it on the way, one chunk behind: the last one is written only once
     the whole is known to be ``check``'s content. Whether it was.
 
-    Chunks are hashed a batch of :data:`HASH_BATCH` bytes at a time in a worker thread
-    (hashlib lets go of the GIL), while the loop goes on relaying: hashing on the loop halved
-    a blob's throughput, and a thread per chunk costs more than it saves. Batches are hashed
-    one at a time, in order; at most two are held."""
+    The rest of a large blob is relayed in a thread (:mod:`kuikproxy.web.threadrelay`) when
+    the client's connection is a plain socket and the registry's answer can be detached.
+    Otherwise the loop relays it: chunks are hashed a batch of :data:`HASH_BATCH` bytes at a
+    time in a worker thread (hashlib lets go of the GIL), while the loop goes on relaying:
+    hashing on the loop halved a blob's throughput, and a thread per chunk costs more than it
+    saves. Batches are hashed one at a time, in order; at most two are held."""
     loop = asyncio.get_running_loop()
     hashing = hasher(algorithm_of(check.digest))
+    transport = request.transport
+    client = client_socket(transport)
+    if client is not None and (detached := answer.detach()) is not None:
+        assert transport is not None  # client_socket found its socket
+        return await relay_in_thread(transport, client, detached, hashing, check)
     held: bytes | None = None
     batch: list[bytes] = []
     size = 0

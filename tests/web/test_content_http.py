@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -23,6 +25,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
+from kuikproxy.upstream.detached import DETACH_MIN
+from kuikproxy.web import threadrelay
+from tests.certs import self_signed
 from tests.upstream_app import MANIFEST_TYPE, digest_of
 
 pytestmark = pytest.mark.looptime
@@ -48,6 +53,10 @@ class Lie:
     body: bytes
     digest: str | None
     headers: dict[str, str] = field(default_factory=dict)
+    # announce twice the body, send the body, then break the connection off (cut) or wait for
+    # the test to let go (stall)
+    cut: bool = False
+    stall: bool = False
 
 
 # Not tests/upstream_app.py's Registry: that one is content-addressed (what it serves by digest
@@ -57,6 +66,8 @@ class Lie:
 class LyingRegistry:
     lies: dict[str, Lie] = field(default_factory=dict)  # reference → answer
     seen: list[tuple[str, str, str | None]] = field(default_factory=list)
+    transports: list[asyncio.BaseTransport | None] = field(default_factory=list)
+    let_go: asyncio.Event = field(default_factory=asyncio.Event)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -65,6 +76,7 @@ class LyingRegistry:
 
     async def serve(self, request: web.Request) -> web.StreamResponse:
         self.seen.append((request.method, request.path, request.headers.get("Accept-Encoding")))
+        self.transports.append(request.transport)
         lie = self.lies[request.match_info["reference"]]
         headers = {"Content-Type": MANIFEST_TYPE, **lie.headers}
         if lie.digest is not None:
@@ -72,10 +84,15 @@ class LyingRegistry:
         if request.match_info["route"] == "blobs":
             headers["Content-Type"] = "application/octet-stream"
         response = web.StreamResponse(headers=headers)
-        response.content_length = len(lie.body)
+        response.content_length = len(lie.body) * (2 if lie.cut or lie.stall else 1)
         await response.prepare(request)
         if request.method == "GET":
             await response.write(lie.body)
+        if lie.cut and request.transport is not None:
+            request.transport.abort()
+        if lie.stall:
+            await self.let_go.wait()
+            raise ConnectionResetError  # never the rest: its client has left
         await response.write_eof()
         return response
 
@@ -145,12 +162,23 @@ def start(
 ) -> Start:
     """kuikproxy before a lying registry, started in the test's own (virtual-time) loop."""
 
-    async def run(idle: str = "0s") -> tuple[Client, LyingRegistry]:
+    async def run(
+        idle: str = "0s", tls: Path | None = None, timeout: str = "0s"
+    ) -> tuple[Client, LyingRegistry]:
+        """``tls``: a directory to write a certificate in; the registry serves TLS with it.
+        ``timeout``: the copies' ``copy.timeout``."""
         fake = LyingRegistry()
-        server = await aiohttp_server(fake.app())
+        scheme, trust, context = "http", "", None
+        if tls is not None:
+            cert, key = self_signed(tls)
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(cert, key)
+            scheme, trust = "https", f"    tls: {{caFile: {cert}}}\n"
+        server = await aiohttp_server(fake.app(), ssl=context)
         config = parse_config(
-            f"registries:\n  {HOST}:\n    upstream: http://127.0.0.1:{server.port}\n"
-            f"    check: {{interval: 200ms}}\n    copy: {{interval: 200ms, idle: {idle}}}\n"
+            f"registries:\n  {HOST}:\n    upstream: {scheme}://127.0.0.1:{server.port}\n"
+            f"    check: {{interval: 200ms}}\n"
+            f"    copy: {{interval: 200ms, idle: {idle}, timeout: {timeout}}}\n" + trust
         )
         app = build_app(config)
         return await aiohttp_client(app, server_kwargs={"handler_cancellation": True}), fake
@@ -227,3 +255,56 @@ async def test_a_manifest_by_digest_inside_an_open_copy_is_checked_before_it_is_
     started = asyncio.get_running_loop().time()
     assert (await read(client, child, "node"))[0] == 502
     assert asyncio.get_running_loop().time() - started < 0.2  # in the copy: no window
+
+
+def blob_of(size: int) -> bytes:
+    return (bytes(range(256)) * (size // 256 + 1))[:size]
+
+
+def flipped(body: bytes, at: int) -> bytes:
+    changed = bytearray(body)
+    changed[at] ^= 1
+    return bytes(changed)
+
+
+@pytest.mark.parametrize(
+    "size",
+    [1, DETACH_MIN - 1, DETACH_MIN, DETACH_MIN + 1, 2 * threadrelay.READ_SIZE, 3 * 2**20 + 7],
+)
+@pytest.mark.parametrize("wrong", [None, 0, -1], ids=["honest", "first-byte", "last-byte"])
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+async def test_a_blob_of_any_size_is_served_whole_or_broken_off(
+    start: Start, tmp_path: Path, size: int, wrong: int | None, tls: bool
+) -> None:
+    """Whatever its size (one read or many; through the loop, or off the socket in a thread
+    of its own past DETACH_MIN) and whether the registry speaks TLS, a blob is served whole
+    when it is its digest's content and broken off otherwise, however little of it differs:
+    its first byte or its last."""
+    body = blob_of(size)
+    digest = digest_of(body)
+    client, fake = await start(tls=tmp_path if tls else None)
+    served = body if wrong is None else flipped(body, wrong)
+    fake.lies[digest] = Lie(served, digest)
+    status, headers, got = await read(client, Case("", "GET", "blobs", digest, fake.lies[digest],
+                                                   None), "r1")  # fmt: skip
+    if wrong is None:
+        assert (status, got) == (200, body)
+        assert headers["Content-Length"] == str(size)
+    else:
+        assert status is None
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+async def test_a_registry_that_breaks_off_mid_blob_breaks_the_client_off(
+    start: Start, tmp_path: Path, tls: bool
+) -> None:
+    """A blob relayed in a thread whose registry breaks off: the client's answer is broken
+    off too (never a clean end), and the next read of the blob is served whole."""
+    body = blob_of(4 * threadrelay.READ_SIZE)
+    digest = digest_of(body)
+    client, fake = await start(tls=tmp_path if tls else None)
+    fake.lies[digest] = Lie(body[: len(body) // 2], digest, cut=True)
+    case = Case("", "GET", "blobs", digest, fake.lies[digest], None)
+    assert (await read(client, case, "r1"))[0] is None
+    fake.lies[digest] = Lie(body, digest)
+    assert (await read(client, case, "r2"))[:1] == (200,)

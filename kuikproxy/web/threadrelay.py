@@ -1,0 +1,181 @@
+"""The rest of a large blob by digest relayed off the loop, socket to socket, in a thread.
+
+Profiled, the loop was the bottleneck of a relayed blob (bench/RESULTS.md §3): per read of at
+most 256 KiB, a parser callback, a stream buffer, a wake-up, a write and their Python. Once the
+headers are out, the registry's answer, when it can be (``Opened.detach``: a plain connection,
+a ``Content-Length``, at least 1 MiB to come), is read by a thread of its own into a ring of
+buffers and written to the client's socket, hashed by a second thread on the way; the last read
+is written only once the whole is known to be the digest's content (R5, §12), otherwise the
+client's connection is broken off. Every call that takes time lets go of the GIL: the loop runs
+on. Both sockets are ``dup``\\ s used without touching the loop's flags (:mod:`kuikproxy.sockets`),
+made and closed on the loop; the thread only reads and writes them.
+
+The client's connection stays the loop's: its headers went out through aiohttp, the thread
+writes only the body's bytes that aiohttp was told of (``Content-Length``), and only once the
+transport's buffer is empty; aiohttp writes nothing more of the answer, so the next request on
+a kept-alive connection is aiohttp's again, as after any answer. A thread that fails, or a
+handler cancelled (the client left, SIGTERM after the shutdown grace), ends the connection:
+the sockets are shut down (which wakes the thread wherever it waits), the thread waited for,
+and only then are the descriptors closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+from typing import Protocol, cast
+
+from kuikproxy.core.digests import Content, Hasher
+from kuikproxy.sockets import ThreadSocket
+
+READ_SIZE = 1024 * 1024  # a blob relayed in a thread is read this much at a time, at most
+RING = 2  # buffers of READ_SIZE per blob relayed in a thread: one read or sent, one hashed
+MAX_THREADS = 64  # blobs relayed in threads at once; more go through the loop
+FLUSH_POLL = 0.001  # seconds between looks at whether the headers have gone out
+
+_relaying: set[threading.Thread] = set()  # blobs being relayed in threads
+
+
+class Detached(Protocol):
+    """The rest of a body taken from the loop (what ``Opened.detach`` returns)."""
+
+    arrived: bytes
+    remaining: int
+    stall: float  # seconds a socket may keep the thread waiting
+    deadline: float | None  # time.monotonic(): the request's own end
+
+    def read_into(self, buffer: memoryview) -> int: ...
+
+    def shutdown(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def client_socket(transport: asyncio.Transport | None) -> int | None:
+    """The descriptor of the client's connection when a thread may relay to it (a plain
+    socket, and a thread to spare), or None: the loop relays."""
+    if (
+        transport is None
+        or transport.is_closing()
+        or transport.get_extra_info("sslcontext") is not None
+        or len(_relaying) >= MAX_THREADS
+    ):
+        return None
+    raw = transport.get_extra_info("socket")
+    return None if raw is None else int(raw.fileno())
+
+
+async def relay_in_thread(
+    transport: asyncio.Transport, client: int, body: Detached, hashing: Hasher, check: Content
+) -> bool:
+    """Relay ``body`` to the client's socket ``client`` (its descriptor; ``transport`` is its
+    connection's) in a thread of its own (:func:`_pump`), not the executor's: a blob holds it
+    for as long as it takes, and the executor also resolves names. Whether it was ``check``'s
+    content. :class:`ConnectionResetError` when the client's side failed (its connection is
+    aborted), :class:`~kuikproxy.errors.UpstreamError` when the registry's did."""
+    loop = asyncio.get_running_loop()
+    # set once by the thread, never cancelled (shielded): the thread's end is always known
+    finished: asyncio.Future[bool | BaseException] = loop.create_future()
+    with contextlib.ExitStack() as owned:
+        owned.callback(body.close)
+        sink = ThreadSocket(client, body.stall, body.deadline)
+        owned.callback(sink.close)
+        # the headers, still in the transport's buffer when the client is slow, go out before
+        # a byte of the body
+        while transport.get_write_buffer_size():
+            if transport.is_closing():
+                raise ConnectionResetError
+            await asyncio.sleep(FLUSH_POLL)
+
+        def run() -> None:
+            outcome: bool | BaseException
+            try:
+                outcome = _pump(body, sink, hashing, check)
+            except BaseException as error:  # handed to the loop, raised there
+                outcome = error
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+                loop.call_soon_threadsafe(finished.set_result, outcome)
+
+        thread = threading.Thread(target=run, name="kuik-blob", daemon=True)
+        thread.start()
+        _relaying.add(thread)
+        owned.callback(_relaying.discard, thread)
+        try:
+            outcome = await asyncio.shield(finished)
+        finally:
+            if not finished.done():  # cancelled: wake the thread, and let it end first
+                body.shutdown()
+                sink.shutdown()
+                await _ended(finished)
+    if isinstance(outcome, ConnectionResetError):
+        # the loop may not know yet: the client's connection must not be kept with a body
+        # cut short
+        transport.abort()
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+async def _ended(finished: asyncio.Future[bool | BaseException]) -> None:
+    """Until the thread has handed its outcome over: its sockets are not closed under it,
+    however many times the handler is cancelled meanwhile (the cancellation goes on after)."""
+    while not finished.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(finished)
+
+
+def _pump(body: Detached, sink: ThreadSocket, hashing: Hasher, check: Content) -> bool:
+    """``body`` to ``sink``: what had arrived, then the rest; the last piece is sent only once
+    the whole is known to hash to ``check`` (whether it did).
+
+    Reads go into a ring of :data:`RING` buffers (no allocation per read), hashed by a second
+    thread while this one sends them: hashing in turn with the reads and writes held the relay
+    to the hash's pace plus theirs. A buffer is read into again only once it is both hashed
+    and sent."""
+    hashing.update(body.arrived)
+    last = memoryview(body.arrived)
+    if body.remaining:
+        _send(sink, last)
+        last = _ring(body, sink, hashing)
+    if not check.hashes_to(hashing):
+        return False
+    _send(sink, last)
+    return True
+
+
+def _ring(body: Detached, sink: ThreadSocket, hashing: Hasher) -> memoryview:
+    """Every read of ``body`` hashed, and sent but the last one, which is returned hashed."""
+    size = min(READ_SIZE, body.remaining)
+    free: queue.SimpleQueue[memoryview] = queue.SimpleQueue()
+    for _ in range(RING):
+        free.put(memoryview(bytearray(size)))
+    todo: queue.SimpleQueue[tuple[memoryview, memoryview] | None] = queue.SimpleQueue()
+
+    def hash_all() -> None:
+        while (work := todo.get()) is not None:
+            buffer, piece = work
+            hashing.update(cast(bytes, piece))  # hashlib takes any buffer: no copy
+            free.put(buffer)
+
+    hasher = threading.Thread(target=hash_all, name="kuik-blob-hash", daemon=True)
+    hasher.start()
+    try:
+        while True:
+            buffer = free.get()
+            piece = buffer[: body.read_into(buffer)]
+            todo.put((buffer, piece))
+            if not body.remaining:
+                return piece
+            _send(sink, piece)
+    finally:
+        todo.put(None)
+        hasher.join()
+
+
+def _send(sink: ThreadSocket, data: memoryview) -> None:
+    try:
+        sink.sendall(data)
+    except OSError:  # gone, or not reading for as long as a registry may be silent
+        raise ConnectionResetError from None
