@@ -102,7 +102,8 @@ class Protocol(RequestHandler):
 
     def _answered(self, server: Server) -> bool:
         """Answer the first message waiting, if it is a kept answer's; whether it was."""
-        if self._buffer_paused or self._close or self._force_close:
+        if self._buffer_paused or self._close or self._force_close or self.writing_paused:
+            # a client that does not read its answers waits for them aiohttp's way (drain)
             return False
         message, payload = self._messages[0]
         transport = self.transport

@@ -146,3 +146,39 @@ async def test_a_check_that_would_wait_is_decided_once_the_long_way(
     assert fast == [True, False]
     assert loop.time() - before > 0.05  # held for the window
     assert len(fake.reads()) == reads + 1
+
+
+async def test_a_client_that_does_not_read_its_answers_gets_them_aiohttps_way(
+    proxy: ProxyFactory, fast: list[bool]
+) -> None:
+    """While the socket cannot take more (the client does not read: the transport paused
+    writing), kept answers go aiohttp's way, which waits for the client to drain what it was
+    sent before it answers the next request; the fast path takes over once it is resumed."""
+    client = await proxy()
+    await kept(client)
+    assert client.host is not None and client.port is not None
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    try:
+        writer.write(request("w0").encode())
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 OK")
+        server = client.server.runner.server
+        assert server is not None
+        ours = writer.get_extra_info("sockname")
+        (connection,) = [
+            c
+            for c in server.connections
+            if c.transport is not None and c.transport.get_extra_info("peername") == ours
+        ]
+        fast.clear()
+        connection.pause_writing()  # as the transport does past its high-water mark
+        writer.write(request("w1").encode())
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 OK")
+        assert fast == []  # not even looked at
+        connection.resume_writing()
+        await asyncio.sleep(0.01)  # aiohttp's answer finishes (its drain), start() idles
+        writer.write(request("w2").encode())
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 OK")
+        assert fast == [True]
+    finally:
+        writer.close()
+        await writer.wait_closed()
