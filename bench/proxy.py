@@ -630,6 +630,18 @@ def head_table(
             f"target: {name} ≥ {TARGET_RPS:,} req/s with p99 < {TARGET_P99_MS:g} ms: "
             f"{kuik.rps:,.0f} req/s, p99 {kuik.p99_ms:.2f} ms " + ("met" if met else "MISSED")
         )
+    # the ratio targets: against the bare handler in the same run, which the machine's load moves too
+    bare = by["bare aiohttp"]
+    for name, ratio, p99 in (("kuikproxy steady", 0.8, TARGET_P99_MS), ("kuikproxy", 0.6, None)):
+        kuik = by[name]
+        met = kuik.rps >= ratio * bare.rps and set(kuik.statuses) == {"200"}
+        met = met and (p99 is None or kuik.p99_ms < p99)
+        latency = "" if p99 is None else f" with p99 < {p99:g} ms"
+        lines.append(
+            f"target: {name} ≥ {ratio:g}× bare aiohttp{latency}: {kuik.rps / bare.rps:.2f}×"
+            + (f", p99 {kuik.p99_ms:.2f} ms" if p99 is not None else "")
+            + (" met" if met else " MISSED")
+        )
     return lines
 
 

@@ -27,6 +27,7 @@ from kuikproxy.runtime.windowlog import WindowLog
 from kuikproxy.upstream.client import AiohttpTransport, Transport
 from kuikproxy.upstream.guard import AddressGuard
 from kuikproxy.upstream.registries import Registries
+from kuikproxy.web.fastpath import serve_kept_answers
 from kuikproxy.web.keys import CURRENT, FORWARDING, METRICS, PACER, RELOADER, WINDOW_LOG
 from kuikproxy.web.reload import Current, Reloader
 from kuikproxy.web.routes import add_routes
@@ -61,6 +62,8 @@ def build_app(
     app.on_shutdown.append(lifecycle.stop)
     app.on_cleanup.append(lifecycle.cleanup)
     add_routes(app.router, forward=forward.enabled)
+    if not forward.enabled:  # a tunnel's requests name their registry by the tunnel (§13)
+        serve_kept_answers(app)
     return app
 
 

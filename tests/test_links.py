@@ -73,3 +73,26 @@ def test_the_link_finder_sees_what_a_reader_follows() -> None:
 @pytest.mark.parametrize("source", markdown_files())
 def test_every_relative_link_resolves_inside_the_repository(source: str) -> None:
     assert broken(source) == []
+
+
+ISSUE = re.compile(r"\bissues? #?\d+\b", re.IGNORECASE)
+
+
+def test_no_file_cites_an_issue_number() -> None:
+    """The project carries its own contract: code, tests and docs cite docs/spec.md's rules and
+    sections, never a tracker's issue that a clone does not have. bench/RESULTS.md, a dated log
+    of measurements, may say which issue a figure was measured for."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, text=True
+    ).stdout
+    citing = []
+    for name in listed.split("\0"):
+        path = ROOT / name
+        if not name or name == "bench/RESULTS.md" or not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue  # not text
+        citing += [f"{name}: {m.group(0)}" for m in ISSUE.finditer(text)]
+    assert not citing

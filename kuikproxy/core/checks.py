@@ -67,6 +67,29 @@ class CheckTurns(StandingAsks):
             self._riders.append(ticket)
         return Hold(ticket)
 
+    def reuse(self, resource: str, image: Image, now: float, kept_at: float) -> bool:
+        """:meth:`check` when it would answer :class:`Reuse` (R1), and True; otherwise nothing
+        at all changes, and False (a grant, a refusal or a hold is :meth:`check`'s to make).
+        The edge answers a kept answer this way before it makes a request of it: a decision
+        that turns out to be a hold is not made twice."""
+        key = image.key
+        if self._follow_ups.get((resource, key), now) is not None:
+            return False
+        ring = self._rings.get(resource)
+        known = ring is not None and key in ring
+        previous = ring.previous_read(key) if ring is not None and known else None
+        if not fresh_for(kept_at, previous, now, self.pacing.max_age):
+            return False
+        if not known:
+            if self._census.refusal(resource, 1, 0 if ring is None else len(ring)) is not None:
+                return False
+            self._census.images += 1
+        self.last_request = now
+        ring = self._ring(resource, now)
+        ring.ask(key, now)
+        ring.answer(key, now)
+        return True
+
     def _ring(self, resource: str, now: float) -> Ring:
         ring = self._rings.get(resource)
         if ring is None:

@@ -216,6 +216,20 @@ class Host:
         expire_at = ticket.since + max_hold if expires else None
         return self.parking.park(ticket, request, place, expire_at, self.held_too_long)
 
+    def reuse(self, request: RegistryRequest) -> Answer | None:
+        """The kept answer that :meth:`admit` would answer a check with now, admitted as it
+        would be (R1); None, and nothing changed, when admission would decide anything else."""
+        kept = self.services.kept
+        answer = kept.find(request)
+        if answer is None:
+            return None
+        now = self.services.loop.time()
+        if not self.scheduler.reuse(request.resource, request.image, now, answer.read_at):
+            return None
+        kept.count(hit=True)
+        self.admitted(Operation.CHECK, now)
+        return answer
+
     def admitted(self, operation: Operation, now: float) -> None:
         """After a request was let in: its series wakes if it has something due now (a held
         request, a prefetch ring made, P7), and the host is swept when its first ring's

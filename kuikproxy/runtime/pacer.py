@@ -149,6 +149,19 @@ class Pacer(Hosts):
         for answer in await fleet.find(request):
             self.kept.keep(request.host, request.image.key, answer)
 
+    def reuse(self, request: RegistryRequest) -> Answer | None:
+        """A check's kept answer, when :meth:`read` would answer it with that at once (R1),
+        admitted as it would be; None, and nothing changed, for any other outcome — the
+        fast path of kept answers (:mod:`kuikproxy.web.fastpath`), which goes the long way
+        then. Only what :meth:`read` does before admission without awaiting is allowed here:
+        no pull-through store (it may serve from disk), no read exempt from pacing."""
+        if self.closed or self.cache is not None or not request.paced:
+            return None
+        if request.operation is not Operation.CHECK or request.gate.paced_exempt:
+            return None
+        host = self._hosts.get(request.host)
+        return None if host is None else host.reuse(request)
+
     def admit(self, request: RegistryRequest) -> Admitted:
         """Answer a paced read at once (a kept answer, or go without a window), or return what
         to await for its window (:meth:`Host.admit`)."""

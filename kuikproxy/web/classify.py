@@ -8,11 +8,12 @@ import base64
 import binascii
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import parse_qsl, urlencode
 
-from aiohttp import web
+from multidict import CIMultiDictProxy
 
 from kuikproxy.config import Config, validate_host
 from kuikproxy.core.images import (
@@ -183,22 +184,25 @@ def _allowed(host: str, config: Config) -> str:
 
 
 def resource_of(
-    request: web.Request, config: Config, proxy_authorization: str | None = None
+    headers: Mapping[str, str],
+    remote: str | None,
+    config: Config,
+    proxy_authorization: str | None = None,
 ) -> str:
-    """Who the request is for (§4.2): the first configured source that names it.
-    ``proxy_authorization`` is the one the client sent on its ``CONNECT``, for a request that
-    came through an intercepted tunnel (§13)."""
+    """Who a request with ``headers``, from the address ``remote``, is for (§4.2): the first
+    configured source that names it. ``proxy_authorization`` is the one the client sent on its
+    ``CONNECT``, for a request that came through an intercepted tunnel (§13)."""
     for source in config.resource_identity:
         if source.startswith("header:"):
-            name = _printable(request.headers.get(source[len("header:") :], ""))
+            name = _printable(headers.get(source[len("header:") :], ""))
         elif source == "proxyUser":
-            sent = request.headers.get("Proxy-Authorization") or proxy_authorization or ""
+            sent = headers.get("Proxy-Authorization") or proxy_authorization or ""
             name = _printable(_proxy_user(sent))
         else:
-            name = request.remote or "unknown"
+            name = remote or "unknown"
         if name:
             return name
-    return request.remote or "unknown"
+    return remote or "unknown"
 
 
 def _proxy_user(value: str) -> str:
@@ -219,10 +223,10 @@ def _printable(value: str) -> str:
     return value
 
 
-def auth_key(request: web.Request) -> str | None:
+def auth_key(headers: Mapping[str, str]) -> str | None:
     """A key of the client's own ``Authorization`` (R5): equal keys, equal credentials; the
     credential itself is never kept."""
-    value = request.headers.get("Authorization")
+    value = headers.get("Authorization")
     if value is None:
         return None
     return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:32]
@@ -269,39 +273,43 @@ def image_of(host: str, route: Route, query: Query) -> Image:
 
 
 def classify(
-    request: web.Request,
+    method: str,
+    headers: CIMultiDictProxy[str],
+    remote: str | None,
     image: Image,
+    *,
     query: tuple[tuple[str, str], ...],
     config: Config,
     flows: FlowGate,
-    *,
     paced: bool = True,
     proxy_authorization: str | None = None,
     signer: str | None = None,
 ) -> RegistryRequest:
-    """A manifest, blob, tag list or referrers read as the runtime paces it (§4.1, §4.3); its
-    priority level and flow (§10) are found by ``flows`` when first needed. ``signer`` is the
-    fingerprint of kuikproxy's own credentials for the host, if it holds any (R5)."""
+    """A manifest, blob, tag list or referrers read as the runtime paces it (§4.1, §4.3), from
+    the request's ``method``, ``headers`` and peer address ``remote`` (a request aiohttp made,
+    or a message the fast path reads, :mod:`kuikproxy.web.fastpath`); its priority level and
+    flow (§10) are found by ``flows`` when first needed. ``signer`` is the fingerprint of
+    kuikproxy's own credentials for the host, if it holds any (R5)."""
     if image.route == BLOBS:
         operation, opens = Operation.COPY, False
     elif image.route in (TAGS, REFERRERS):
         operation, opens = Operation.CHECK, False
     else:
-        as_check = request.headers.get(KUIK_OPERATION, "").lower() == "check"
-        if request.method == "HEAD" or as_check:
+        as_check = headers.get(KUIK_OPERATION, "").lower() == "check"
+        if method == "HEAD" or as_check:
             operation, opens = Operation.CHECK, False
         else:
             operation, opens = Operation.COPY, not image.by_digest
     return RegistryRequest(
         host=image.host,
         image=image,
-        resource=resource_of(request, config, proxy_authorization),
+        resource=resource_of(headers, remote, config, proxy_authorization),
         operation=operation,
-        method=request.method,
+        method=method,
         opens=opens,
-        sent=request.headers,
-        auth=auth_key(request),
-        accept=tuple(request.headers.getall("Accept", ())),
+        sent=headers,
+        auth=auth_key(headers),
+        accept=tuple(headers.getall("Accept", ())),
         gate=flows,
         query=tuple((k, v) for k, v in query if k != "ns"),
         paced=paced,

@@ -48,11 +48,13 @@ async def registry(request: web.Request) -> web.StreamResponse:
             response = await ping(request, target, config.registry(host))
         else:
             read = classify(
-                request,
+                request.method,
+                request.headers,
+                request.remote,
                 located.image,
-                located.query,
-                config,
-                pacer.flow,
+                query=located.query,
+                config=config,
+                flows=pacer.flow,
                 paced=config.registry(host).paced,
                 proxy_authorization=proxy_authorization,
                 signer=pacer.signer(host),
@@ -139,7 +141,7 @@ async def ping(
     pacer = request.app[PACER]
     sent, timeout = forwarded(request.headers), settings.check.timeout or None
     try:
-        answer = await pacer.ping(target.host, auth_key(request), sent, timeout)
+        answer = await pacer.ping(target.host, auth_key(request.headers), sent, timeout)
     except RegistryError:
         if not target.by_default:
             raise
