@@ -10,7 +10,7 @@ renders what it yields; it never sees the upstream client.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine, Generator
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -44,9 +44,9 @@ class Read:
         self._opened: AsyncExitStack | None = None  # the seat and the registry's answer
         self._body: Body | None = None  # content on disk, this client's to close
 
-    def __aenter__(self) -> Coroutine[Any, Any, Reply]:
-        """The read's coroutine itself, not one awaiting it: a held request pays for every
-        frame it sits in."""
+    def __aenter__(self) -> Awaitable[Reply]:
+        """The read itself, not a coroutine awaiting it: a held request pays for every frame
+        it sits in."""
         pacer = self._pacer
         if pacer.closed:
             raise Unavailable("kuikproxy is shutting down", refusal="shutdown")
@@ -126,35 +126,33 @@ class Read:
             return Reply(answer=answer)
         return reply
 
-    async def _reply(self) -> Reply:
+    def _reply(self) -> Awaitable[Reply]:
+        """Admission is decided here, not in a coroutine: a held read is awaited as its waiter
+        (:class:`_Held`), so a held request sits in no frame of the read's."""
         pacer, request = self._pacer, self._request
         if not request.paced:  # a destination kuik owns (§4.3): straight through
-            return await self._open(None, seated=True)
+            return self._open(None, seated=True)
         if request.gate.paced_exempt and request.flow.exempt:
-            return await self._exempt()
+            return self._exempt()
         if pacer.fleet is not None and request.operation is Operation.CHECK:
-            await pacer.from_fleet(request)
-        admitted = pacer.admit(request)
+            return self._from_fleet()
+        return self._admit()
+
+    async def _from_fleet(self) -> Reply:
+        await self._pacer.from_fleet(self._request)
+        return await self._admit()
+
+    def _admit(self) -> Awaitable[Reply]:
+        admitted = self._pacer.admit(self._request)
         if isinstance(admitted, Answer):
-            return Reply(answer=admitted, hit=True)
-        if isinstance(admitted, Waiter):  # awaited here, in this frame: no coroutine of its own
-            loop, waiter = pacer.loop, admitted
-            held_since = loop.time()
-            cancelled = False
-            try:
-                outcome = await waiter.future
-            except asyncio.CancelledError:
-                cancelled = True
-                raise
-            finally:
-                waiter.parking.unpark(waiter, cancelled=cancelled)
-            for waited in pacer.waits:
-                waited(request.host, request.operation, loop.time() - held_since)
-            if isinstance(outcome, Answer):
-                return Reply(answer=outcome)
-            go = outcome
-        else:
-            go = admitted
+            return _at_once(Reply(answer=admitted, hit=True))
+        if isinstance(admitted, Waiter):
+            return _Held(self, admitted)
+        return self._upstream(admitted)
+
+    async def _upstream(self, go: Go) -> Reply:
+        """Released to go upstream (at once, or by its window): the request is sent."""
+        pacer, request = self._pacer, self._request
         try:
             if request.operation is Operation.CHECK:
                 timeout = pacer.check_timeout(request.host)
@@ -215,3 +213,72 @@ class Read:
                 retry_after=until - now,
             )
         return Reply(answer=kept, hit=True, stale=True)
+
+
+async def _at_once(reply: Reply) -> Reply:
+    return reply
+
+
+class _Held(Generator[Any, None, Reply]):
+    """A parked read, awaited as its waiter's future in no coroutine frame of its own (a held
+    request pays for every frame it sits in): ``await`` drives it as it would the future, and
+    what a read's coroutine would do around its wait is done here — the waiter unparked however
+    the wait ends (P11), the wait told to ``Pacer.waits``, a read released to go upstream
+    continued in :meth:`Read._upstream`."""
+
+    __slots__ = ("_read", "_since", "_then", "_wait", "_waiter")
+
+    def __init__(self, read: Read, waiter: Waiter) -> None:
+        self._read = read
+        self._waiter: Waiter | None = waiter  # None once unparked
+        self._wait = waiter.future.__await__()  # yields the future while it is pending
+        self._since = waiter.parking.loop.time()
+        self._then: Coroutine[Any, Any, Reply] | None = None  # the read sent upstream
+
+    def __await__(self) -> Generator[Any, None, Reply]:
+        return self
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def send(self, value: None) -> Any:
+        if self._then is not None:
+            return self._then.send(value)
+        try:
+            return self._wait.send(value)
+        except StopIteration as done:
+            outcome: Answer | Go = done.value
+        except BaseException as error:  # refused meanwhile, or cancelled: its client left
+            self._unpark(cancelled=isinstance(error, asyncio.CancelledError))
+            raise
+        waiter = self._unpark(cancelled=False)
+        request = waiter.request
+        for waited in self._read._pacer.waits:
+            waited(request.host, request.operation, waiter.parking.loop.time() - self._since)
+        if isinstance(outcome, Answer):
+            raise StopIteration(Reply(answer=outcome))
+        self._then = self._read._upstream(outcome)
+        return self._then.send(None)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        """An exception thrown in while it waits (its handler cancelled: its client left)."""
+        error = typ if val is None else val
+        if isinstance(error, type):
+            error = error()
+        if self._then is not None:
+            return self._then.throw(error)
+        if self._waiter is not None:
+            self._unpark(cancelled=isinstance(error, asyncio.CancelledError))
+        raise error
+
+    def close(self) -> None:
+        if self._then is not None:
+            self._then.close()
+        elif self._waiter is not None:
+            self._unpark(cancelled=False)
+
+    def _unpark(self, *, cancelled: bool) -> Waiter:
+        waiter, self._waiter = self._waiter, None
+        assert waiter is not None
+        waiter.parking.unpark(waiter, cancelled=cancelled)
+        return waiter
