@@ -35,11 +35,12 @@ class Read:
     Written out rather than made with ``asynccontextmanager``: a held request pays for every
     frame it sits in, and a kept answer for every object made on its way (the hot path)."""
 
-    __slots__ = ("_body", "_go", "_opened", "_pacer", "_request")
+    __slots__ = ("_body", "_connection", "_go", "_opened", "_pacer", "_request")
 
-    def __init__(self, pacer: Pacer, request: RegistryRequest) -> None:
+    def __init__(self, pacer: Pacer, request: RegistryRequest, connection: object = None) -> None:
         self._pacer = pacer
         self._request = request
+        self._connection = connection  # the edge's, told when the read parks (_not_idle)
         self._go: Go | None = None  # released to go upstream: ended on the way out
         self._opened: AsyncExitStack | None = None  # the seat and the registry's answer
         self._body: Body | None = None  # content on disk, this client's to close
@@ -147,6 +148,8 @@ class Read:
         if isinstance(admitted, Answer):
             return _at_once(Reply(answer=admitted, hit=True))
         if isinstance(admitted, Waiter):
+            if self._connection is not None:
+                _not_idle(self._connection)
             return _Held(self, admitted)
         return self._upstream(admitted)
 
@@ -213,6 +216,18 @@ class Read:
                 retry_after=until - now,
             )
         return Reply(answer=kept, hit=True, stale=True)
+
+
+def _not_idle(connection: object) -> None:
+    """A parked request's connection is not idle while it waits: aiohttp keeps a keep-alive
+    timer per connection (a timer handle, its context and callback: ~250 B of a held request),
+    armed from the connection's start and armed again after each answer.
+    ``RequestHandler.keep_alive(True)`` cancels it and changes nothing else while a request is
+    in progress (aiohttp sets the flag from the answer once it is sent); duck-typed, so a
+    connection without it (a test's, another server's) is left as it is."""
+    keep_alive = getattr(connection, "keep_alive", None)
+    if callable(keep_alive):
+        keep_alive(True)
 
 
 async def _at_once(reply: Reply) -> Reply:
