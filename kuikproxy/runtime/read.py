@@ -231,6 +231,7 @@ def _not_idle(connection: object) -> None:
 
 
 async def _at_once(reply: Reply) -> Reply:
+    """A reply known at admission (a kept answer), awaited as the read's other ones are."""
     return reply
 
 
