@@ -630,7 +630,7 @@ def head_table(
             f"target: {name} ≥ {TARGET_RPS:,} req/s with p99 < {TARGET_P99_MS:g} ms: "
             f"{kuik.rps:,.0f} req/s, p99 {kuik.p99_ms:.2f} ms " + ("met" if met else "MISSED")
         )
-    # the ratio targets: against the bare handler in the same run, which the machine's load moves too
+    # the ratio targets: against the bare handler in the same run, which the load moves too
     bare = by["bare aiohttp"]
     for name, ratio, p99 in (("kuikproxy steady", 0.8, TARGET_P99_MS), ("kuikproxy", 0.6, None)):
         kuik = by[name]

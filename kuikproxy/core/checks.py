@@ -56,7 +56,7 @@ class CheckTurns(StandingAsks):
             ring.answer(image.key, now)
             return Reuse()
         ticket = Ticket(resource, image, Operation.CHECK, auth, now)
-        self._check_tickets.setdefault(image.key, {})[ticket] = None
+        self._check_tickets.add(ticket)
         ring.wait(image.key)
         self._check_ready.add(resource)
         in_flight = self._check_in_flight
@@ -132,7 +132,7 @@ class CheckTurns(StandingAsks):
                     self._check_ready.discard(resource)
                 continue
             self._check_turn = resource
-            waiting = tuple(self._check_tickets.get(key, ()))
+            waiting = self._check_tickets.of(key)
             leader = next((t for t in waiting if t.resource == resource), None)
             image = leader.image if leader is not None else Image.from_key(self.host, key)
             read = Read(Operation.CHECK, image, leader, waiting, at)
@@ -158,7 +158,7 @@ class CheckTurns(StandingAsks):
         answered: set[str] = set()
         for ticket in served:
             # a ticket cancelled meanwhile (P11) no longer counts among its ring's waiters
-            waited = self._release(self._check_tickets, ticket)
+            waited = self._check_tickets.release(ticket)
             ring = self._rings.get(ticket.resource)
             if ring is not None and waited:
                 ring.unwait(ticket.image.key)
@@ -177,7 +177,7 @@ class CheckTurns(StandingAsks):
             if digest is not None:
                 by_digest = read.image.with_reference(digest).key
                 self._follow_ups.put((resource, by_digest), (None, True), until)
-            for ticket in list(self._check_tickets.get(read.image.key, ())):
+            for ticket in self._check_tickets.of(read.image.key):
                 if ticket.resource == resource and ticket.auth != auth:
                     self.cancel(ticket)  # it stops waiting: its ring must not read it again
                     released.append(ticket)

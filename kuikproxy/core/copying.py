@@ -47,7 +47,7 @@ class CopyTurns(HostState):
             queue = self._queues[resource] = CopyQueue()
             self._census.enter(resource, self.host)
         ticket = Ticket(resource, image, Operation.COPY, auth, now)
-        self._copy_tickets.setdefault(image.key, {})[ticket] = None
+        self._copy_tickets.add(ticket)
         queue.push(image.key)
         self._copy_ready.add(resource)
         return Hold(ticket)
@@ -72,7 +72,7 @@ class CopyTurns(HostState):
                 continue
             self._copy_turn = resource
             # a queued image always has a waiting request: both leave together (cancel)
-            tickets = tuple(self._copy_tickets.pop(key))
+            tickets = self._copy_tickets.pop(key)
             for ticket in tickets:  # R2: everyone waiting for this image is served by this copy
                 other = self._queues.get(ticket.resource)
                 if other is not None:

@@ -20,7 +20,7 @@ from kuikproxy.core.limits import Census
 from kuikproxy.core.rings import Ring
 from kuikproxy.core.sharedreads import SharedReads
 from kuikproxy.core.sortedset import SortedSet
-from kuikproxy.core.tickets import Operation, Read, Ticket, WindowResult
+from kuikproxy.core.tickets import Operation, Read, Ticket, Waiting, WindowResult
 from kuikproxy.core.timedmap import TimedMap
 from kuikproxy.core.tracked import TrackedRing
 from kuikproxy.core.windows import Outcome, Series
@@ -74,7 +74,7 @@ class HostState:
         self._changed: dict[TrackedRing, None] | None = None  # rings changed, when tracked (P13)
         self._check_ready = SortedSet()  # resources that may have a check due
         self._check_turn: str | None = None
-        self._check_tickets: dict[str, dict[Ticket, None]] = {}  # image key → waiting tickets
+        self._check_tickets = Waiting()  # image key → waiting tickets
         self._check_in_flight: Read | None = None
         self._riders: list[Ticket] = []  # checks of the image in flight that came during its read
         # P11: standing asks of clients that left (or were refused under maxHold), by
@@ -89,7 +89,7 @@ class HostState:
         self._queues: dict[str, CopyQueue] = {}
         self._copy_ready = SortedSet()
         self._copy_turn: str | None = None
-        self._copy_tickets: dict[str, dict[Ticket, None]] = {}
+        self._copy_tickets = Waiting()
         self._open_copy: OpenCopy | None = None
         # P9: (resource, repository) → True while a closed copy's content stays reachable
         self._copy_follow_ups: TimedMap[tuple[str, str], bool] = TimedMap()

@@ -54,7 +54,7 @@ class HostScheduler(CheckTurns, CopyTurns, RestartState, Housekeeping):
 
     def waiting(self, operation: Operation) -> int:
         tickets = self._check_tickets if operation is Operation.CHECK else self._copy_tickets
-        return sum(len(t) for t in tickets.values())
+        return tickets.count()
 
     def ring_progress(self, resource: str, limit: int) -> tuple[int | None, int]:
         """For the status page, never a decision: where ``resource``'s cursor is in its ring on

@@ -30,14 +30,14 @@ class StandingAsks(HostState):
                 ring = self._rings.get(ticket.resource)
                 if ring is not None:
                     ring.unwait(ticket.image.key)
-        elif self._release(self._copy_tickets, ticket):
+        elif self._copy_tickets.release(ticket):
             queue = self._queues.get(ticket.resource)
             if queue is not None:
                 queue.pop_request(ticket.image.key)
 
     def _drop_check_ticket(self, ticket: Ticket) -> bool:
         self._end_standing(ticket)
-        return self._release(self._check_tickets, ticket)
+        return self._check_tickets.release(ticket)
 
     def stand(self, ticket: Ticket, now: float) -> bool:
         """P11: a check's client went away, or was refused under ``check.maxHold``: its image
@@ -46,8 +46,7 @@ class StandingAsks(HostState):
         standing ask per resource and image. Returns whether ``ticket`` stands (else it was
         cancelled, as :meth:`cancel` does)."""
         key = (ticket.resource, ticket.image.key)
-        waiting = self._check_tickets.get(ticket.image.key)
-        if ticket.operation is not Operation.CHECK or waiting is None or ticket not in waiting:
+        if ticket.operation is not Operation.CHECK or ticket not in self._check_tickets:
             return False
         until = now + self.retry_after(ticket, now) + self.check_series.interval
         standing = self._standing.get(key)
@@ -94,16 +93,6 @@ class StandingAsks(HostState):
     def riders(self, read: Read) -> tuple[Ticket, ...]:
         """Checks of ``read``'s image that arrived while it was read (R2, P11)."""
         return tuple(self._riders) if self._check_in_flight is read else ()
-
-    @staticmethod
-    def _release(tickets: dict[str, dict[Ticket, None]], ticket: Ticket) -> bool:
-        waiting = tickets.get(ticket.image.key)
-        if waiting is None or ticket not in waiting:
-            return False
-        del waiting[ticket]
-        if not waiting:
-            del tickets[ticket.image.key]
-        return True
 
     def retry_after(self, ticket: Ticket, now: float) -> float:
         """Estimated seconds until ``ticket``'s image gets its turn (P7's ``Retry-After``): just

@@ -34,6 +34,65 @@ class Ticket:
     id: int = field(default_factory=lambda: next(_ticket_ids))
 
 
+class Waiting:
+    """The tickets waiting for each image key, in the order they came.
+
+    Most images have one waiting ticket (a held request costs what it holds): it is kept as
+    it is, and a dict is made only when a second ticket waits for the same image (and let go
+    when one is left)."""
+
+    __slots__ = ("_by_key",)
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, Ticket | dict[Ticket, None]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._by_key)
+
+    def add(self, ticket: Ticket) -> None:
+        key = ticket.image.key
+        found = self._by_key.get(key)
+        if found is None:
+            self._by_key[key] = ticket
+        elif isinstance(found, Ticket):
+            self._by_key[key] = {found: None, ticket: None}
+        else:
+            found[ticket] = None
+
+    def of(self, key: str) -> tuple[Ticket, ...]:
+        found = self._by_key.get(key)
+        if found is None:
+            return ()
+        return (found,) if isinstance(found, Ticket) else tuple(found)
+
+    def __contains__(self, ticket: Ticket) -> bool:
+        found = self._by_key.get(ticket.image.key)
+        return found is ticket or (isinstance(found, dict) and ticket in found)
+
+    def release(self, ticket: Ticket) -> bool:
+        """``ticket`` stops waiting; False when it was not waiting."""
+        key = ticket.image.key
+        found = self._by_key.get(key)
+        if found is ticket:
+            del self._by_key[key]
+            return True
+        if not isinstance(found, dict) or ticket not in found:
+            return False
+        del found[ticket]
+        if len(found) == 1:
+            self._by_key[key] = next(iter(found))
+        return True
+
+    def pop(self, key: str) -> tuple[Ticket, ...]:
+        """Every ticket waiting for ``key``, which stop waiting."""
+        tickets = self.of(key)
+        self._by_key.pop(key, None)
+        return tickets
+
+    def count(self) -> int:
+        return sum(1 if isinstance(t, Ticket) else len(t) for t in self._by_key.values())
+
+
 # -- decisions ------------------------------------------------------------------------------
 
 

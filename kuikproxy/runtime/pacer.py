@@ -107,10 +107,12 @@ class Pacer(Hosts):
 
     # -- a read ---------------------------------------------------------------------------
 
-    def read(self, request: RegistryRequest) -> Read:
+    def read(self, request: RegistryRequest, connection: object = None) -> Read:
         """The life of a classified read (:class:`Read`): ``async with pacer.read(request) as
-        reply`` gives what to give the client, open inside the block."""
-        return Read(self, request)
+        reply`` gives what to give the client, open inside the block. ``connection`` is the
+        edge's (aiohttp's ``request.protocol``): its keep-alive timer is let go of while the
+        read is held (:func:`~kuikproxy.runtime.read._not_idle`)."""
+        return Read(self, request, connection)
 
     def serves_stale(self, request: RegistryRequest) -> bool:
         """Whether ``request`` may be answered stale while its host cannot be asked (§15)."""

@@ -10,7 +10,7 @@ renders what it yields; it never sees the upstream client.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine, Generator
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -35,18 +35,19 @@ class Read:
     Written out rather than made with ``asynccontextmanager``: a held request pays for every
     frame it sits in, and a kept answer for every object made on its way (the hot path)."""
 
-    __slots__ = ("_body", "_go", "_opened", "_pacer", "_request")
+    __slots__ = ("_body", "_connection", "_go", "_opened", "_pacer", "_request")
 
-    def __init__(self, pacer: Pacer, request: RegistryRequest) -> None:
+    def __init__(self, pacer: Pacer, request: RegistryRequest, connection: object = None) -> None:
         self._pacer = pacer
         self._request = request
+        self._connection = connection  # the edge's, told when the read parks (_not_idle)
         self._go: Go | None = None  # released to go upstream: ended on the way out
         self._opened: AsyncExitStack | None = None  # the seat and the registry's answer
         self._body: Body | None = None  # content on disk, this client's to close
 
-    def __aenter__(self) -> Coroutine[Any, Any, Reply]:
-        """The read's coroutine itself, not one awaiting it: a held request pays for every
-        frame it sits in."""
+    def __aenter__(self) -> Awaitable[Reply]:
+        """The read itself, not a coroutine awaiting it: a held request pays for every frame
+        it sits in."""
         pacer = self._pacer
         if pacer.closed:
             raise Unavailable("kuikproxy is shutting down", refusal="shutdown")
@@ -126,35 +127,35 @@ class Read:
             return Reply(answer=answer)
         return reply
 
-    async def _reply(self) -> Reply:
+    def _reply(self) -> Awaitable[Reply]:
+        """Admission is decided here, not in a coroutine: a held read is awaited as its waiter
+        (:class:`_Held`), so a held request sits in no frame of the read's."""
         pacer, request = self._pacer, self._request
         if not request.paced:  # a destination kuik owns (§4.3): straight through
-            return await self._open(None, seated=True)
+            return self._open(None, seated=True)
         if request.gate.paced_exempt and request.flow.exempt:
-            return await self._exempt()
+            return self._exempt()
         if pacer.fleet is not None and request.operation is Operation.CHECK:
-            await pacer.from_fleet(request)
-        admitted = pacer.admit(request)
+            return self._from_fleet()
+        return self._admit()
+
+    async def _from_fleet(self) -> Reply:
+        await self._pacer.from_fleet(self._request)
+        return await self._admit()
+
+    def _admit(self) -> Awaitable[Reply]:
+        admitted = self._pacer.admit(self._request)
         if isinstance(admitted, Answer):
-            return Reply(answer=admitted, hit=True)
-        if isinstance(admitted, Waiter):  # awaited here, in this frame: no coroutine of its own
-            loop, waiter = pacer.loop, admitted
-            held_since = loop.time()
-            cancelled = False
-            try:
-                outcome = await waiter.future
-            except asyncio.CancelledError:
-                cancelled = True
-                raise
-            finally:
-                waiter.parking.unpark(waiter, cancelled=cancelled)
-            for waited in pacer.waits:
-                waited(request.host, request.operation, loop.time() - held_since)
-            if isinstance(outcome, Answer):
-                return Reply(answer=outcome)
-            go = outcome
-        else:
-            go = admitted
+            return _at_once(Reply(answer=admitted, hit=True))
+        if isinstance(admitted, Waiter):
+            if self._connection is not None:
+                _not_idle(self._connection)
+            return _Held(self, admitted)
+        return self._upstream(admitted)
+
+    async def _upstream(self, go: Go) -> Reply:
+        """Released to go upstream (at once, or by its window): the request is sent."""
+        pacer, request = self._pacer, self._request
         try:
             if request.operation is Operation.CHECK:
                 timeout = pacer.check_timeout(request.host)
@@ -215,3 +216,85 @@ class Read:
                 retry_after=until - now,
             )
         return Reply(answer=kept, hit=True, stale=True)
+
+
+def _not_idle(connection: object) -> None:
+    """A parked request's connection is not idle while it waits: aiohttp keeps a keep-alive
+    timer per connection (a timer handle, its context and callback: ~250 B of a held request),
+    armed from the connection's start and armed again after each answer.
+    ``RequestHandler.keep_alive(True)`` cancels it and changes nothing else while a request is
+    in progress (aiohttp sets the flag from the answer once it is sent); duck-typed, so a
+    connection without it (a test's, another server's) is left as it is."""
+    keep_alive = getattr(connection, "keep_alive", None)
+    if callable(keep_alive):
+        keep_alive(True)
+
+
+async def _at_once(reply: Reply) -> Reply:
+    """A reply known at admission (a kept answer), awaited as the read's other ones are."""
+    return reply
+
+
+class _Held(Generator[Any, None, Reply]):
+    """A parked read, awaited as its waiter's future in no coroutine frame of its own (a held
+    request pays for every frame it sits in): ``await`` drives it as it would the future, and
+    what a read's coroutine would do around its wait is done here — the waiter unparked however
+    the wait ends (P11), the wait told to ``Pacer.waits``, a read released to go upstream
+    continued in :meth:`Read._upstream`."""
+
+    __slots__ = ("_read", "_since", "_then", "_wait", "_waiter")
+
+    def __init__(self, read: Read, waiter: Waiter) -> None:
+        self._read = read
+        self._waiter: Waiter | None = waiter  # None once unparked
+        self._wait = waiter.future.__await__()  # yields the future while it is pending
+        self._since = waiter.parking.loop.time()
+        self._then: Coroutine[Any, Any, Reply] | None = None  # the read sent upstream
+
+    def __await__(self) -> Generator[Any, None, Reply]:
+        return self
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def send(self, value: None) -> Any:
+        if self._then is not None:
+            return self._then.send(value)
+        try:
+            return self._wait.send(value)
+        except StopIteration as done:
+            outcome: Answer | Go = done.value
+        except BaseException as error:  # refused meanwhile, or cancelled: its client left
+            self._unpark(cancelled=isinstance(error, asyncio.CancelledError))
+            raise
+        waiter = self._unpark(cancelled=False)
+        request = waiter.request
+        for waited in self._read._pacer.waits:
+            waited(request.host, request.operation, waiter.parking.loop.time() - self._since)
+        if isinstance(outcome, Answer):
+            raise StopIteration(Reply(answer=outcome))
+        self._then = self._read._upstream(outcome)
+        return self._then.send(None)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        """An exception thrown in while it waits (its handler cancelled: its client left)."""
+        error = typ if val is None else val
+        if isinstance(error, type):
+            error = error()
+        if self._then is not None:
+            return self._then.throw(error)
+        if self._waiter is not None:
+            self._unpark(cancelled=isinstance(error, asyncio.CancelledError))
+        raise error
+
+    def close(self) -> None:
+        if self._then is not None:
+            self._then.close()
+        elif self._waiter is not None:
+            self._unpark(cancelled=False)
+
+    def _unpark(self, *, cancelled: bool) -> Waiter:
+        waiter, self._waiter = self._waiter, None
+        assert waiter is not None
+        waiter.parking.unpark(waiter, cancelled=cancelled)
+        return waiter

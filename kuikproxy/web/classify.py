@@ -8,7 +8,7 @@ import base64
 import binascii
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import parse_qsl, urlencode
@@ -74,10 +74,10 @@ def parse_raw_route(raw_path: str) -> Route:
     return Route("raw", rest)
 
 
-Query = list[tuple[str, str]]
+Query = Sequence[tuple[str, str]]
 
 
-def parse_query(raw: str) -> Query:
+def parse_query(raw: str) -> list[tuple[str, str]]:
     """``parse_qsl`` with blank values kept, and a fast path for what registry clients send
     (``ns=docker.io``, nothing to unquote): this runs for every request."""
     if not raw:
@@ -250,14 +250,24 @@ class Locator:
     def __init__(self, config: Config, size: int = 8192) -> None:
         self._config = config
         self.locate = lru_cache(maxsize=size)(self._locate)
+        # most lines' queries are alike (``ns=<registry>``): parsed once and shared, so that a
+        # remembered line (and a held request's) holds no copy of its own (~220 B each)
+        self._query = lru_cache(maxsize=_QUERIES)(_parsed_query)
 
     def _locate(self, raw_path: str, raw_query: str, host_header: str, write: bool) -> Located:
-        query = parse_query(raw_query)
+        query = self._query(raw_query)
         route = parse_raw_route(raw_path) if write else parse_route(raw_path)
         target = locate(route, query, host_header, self._config)
         read = not write and target.route.kind != "ping"
         image = image_of(target.host, target.route, query) if read else None
-        return Located(target, tuple(query), image)
+        return Located(target, query, image)
+
+
+_QUERIES = 256  # distinct query strings remembered by a Locator
+
+
+def _parsed_query(raw: str) -> tuple[tuple[str, str], ...]:
+    return tuple(parse_query(raw))
 
 
 def image_of(host: str, route: Route, query: Query) -> Image:

@@ -60,7 +60,7 @@ async def registry(request: web.Request) -> web.StreamResponse:
                 signer=pacer.signer(host),
             )
             operation, cache = read.operation.value.capitalize(), "miss"
-            async with pacer.read(read) as reply:
+            async with pacer.read(read, request.protocol) as reply:
                 cache = "hit" if reply.hit else "miss"
                 response = await render(request, reply, ns)
     except RegistryError as error:
