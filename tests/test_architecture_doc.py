@@ -25,3 +25,16 @@ def test_every_module_it_names_exists() -> None:
     modules = {p.name for p in PACKAGE.rglob("*.py")}
     gone = sorted(set(NAMED.findall(DOC)) - modules)
     assert not gone, f"docs/architecture.md names modules that do not exist: {gone}"
+
+
+MAX_LINES = 400
+
+
+def test_no_module_is_longer_than_it_can_be_read_in_one_sitting() -> None:
+    """Small modules named for what they hold: none of kuikproxy's over 400 lines."""
+    lines = {
+        str(p.relative_to(ROOT)): len(p.read_text("utf-8").splitlines())
+        for p in PACKAGE.rglob("*.py")
+    }
+    long = {name: n for name, n in lines.items() if n > MAX_LINES}
+    assert not long, long

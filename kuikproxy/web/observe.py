@@ -15,15 +15,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from kuikproxy.runtime.snapshot import snapshot
 from kuikproxy.web.keys import METRICS, PACER, RELOADER
-from kuikproxy.web.status import (
-    DEFAULT_PAGE,
-    MAX_PAGE,
-    Clock,
-    ConfigStatus,
-    Status,
-    build_status,
-    resource_page,
-)
+from kuikproxy.web.status import DEFAULT_PAGE, MAX_PAGE, Clock, build_status, resource_page
+from kuikproxy.web.statusmodels import ConfigStatus, Status
 
 
 async def metrics_page(request: web.Request) -> web.StreamResponse:

@@ -1,0 +1,187 @@
+"""The models of ``/status`` (SPEC §8), as pydantic: the document and its JSON Schema come from
+one definition. Times are RFC 3339 UTC, durations Go-style strings, as kuik's own status writes
+them. :mod:`kuikproxy.web.status` fills them from a snapshot."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+
+class WindowCounts(_Model):
+    used: int
+    idle: int
+    busy: int
+    blocked: int
+    fleet: int = Field(0, description="used by another proxy of the fleet")
+
+
+class CheckSeries(_Model):
+    interval: str
+    mode: str
+    origin: str
+    next_window: str = Field(alias="nextWindow")
+    busy: bool
+    waiting: int
+    windows: WindowCounts
+
+
+class CopySeries(_Model):
+    interval: str
+    origin: str
+    next_window: str = Field(alias="nextWindow")
+    open: str | None = Field(description="the image of the open copy, if one is open")
+    queued: int
+    windows: WindowCounts
+
+
+class BucketStatus(_Model):
+    category: str
+    scope: str
+    identity: str | None = Field(description="the identity of an identity-scoped bucket")
+    tokens: float | None = Field(description="None: a learnt bucket that has learnt nothing")
+    rate_per_minute: float | None = Field(alias="ratePerMinute")
+    burst: float | None
+    learnt: bool = Field(description="the rate follows the registry's ratelimit-* headers")
+
+
+class QuotaStatus(_Model):
+    buckets: list[BucketStatus]
+    blocked_until: str | None = Field(alias="blockedUntil")
+    backoff_attempts: int = Field(alias="backoffAttempts")
+    ratelimit_remaining: int | None = Field(
+        alias="ratelimitRemaining", description="the last ratelimit-remaining header seen"
+    )
+
+
+class RegistryStatus(_Model):
+    check: CheckSeries
+    copy_: CopySeries = Field(alias="copy")
+    blocked_until: str | None = Field(alias="blockedUntil")
+    quota: QuotaStatus | None = Field(description="None: the host rations nothing")
+    refused: dict[str, int] = Field(
+        default_factory=dict,
+        description="requests kuikproxy refused itself, by reason (a limit: maxResources, "
+        "maxImages, maxRingImages)",
+    )
+
+
+class RingStatus(_Model):
+    registry: str
+    images: int
+    cursor: str | None
+    cycle_started: str | None = Field(alias="cycleStarted")
+    cycle_duration: str | None = Field(alias="cycleDuration")
+
+
+class QueueStatus(_Model):
+    registry: str
+    queued: int
+
+
+class Rings(_Model):
+    registries: list[RingStatus]
+
+
+class Queues(_Model):
+    registries: list[QueueStatus]
+
+
+class ResourceStatus(_Model):
+    checks: Rings
+    copies: Queues
+
+
+class StoreStatus(_Model):
+    """The pull-through store (§15): what it holds, and what it saved the registries."""
+
+    blobs: int
+    bytes: int
+    max_bytes: int = Field(alias="maxBytes")
+    evictions: int
+    served_bytes: dict[str, int] = Field(alias="servedBytes")
+    reads: dict[str, int]
+    stale: int
+
+
+class CacheStatus(_Model):
+    entries: int
+    bytes: int
+    hits: int
+    misses: int
+    store: StoreStatus | None = None
+
+
+class ConfigStatus(_Model):
+    generation: int
+    loaded_at: str = Field(alias="loadedAt")
+    last_error: str | None = Field(alias="lastError")
+
+
+class ConditionStatus(_Model):
+    """A ``PriorityLevelConfigurationCondition``."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+    last_transition_time: str = Field(alias="lastTransitionTime")
+
+
+class PriorityLevelStatus(_Model):
+    name: str
+    type: str
+    limit_response: str | None = Field(alias="limitResponse", description="None when Exempt")
+    nominal_cl: int = Field(alias="nominalCL")
+    lendable_cl: int = Field(alias="lendableCL")
+    borrowing_cl: int | None = Field(alias="borrowingCL", description="None: unlimited")
+    current_cl: int = Field(alias="currentCL", description="the seats it may use now")
+    in_queue: int = Field(
+        alias="inQueue",
+        description="requests holding a place in its queues: waiting for a seat or, parked, "
+        "for their window",
+    )
+    parked: int = Field(description="of inQueue, those waiting for their window")
+    executing: int
+    dispatched: int = Field(description="requests given a seat since start")
+    rejected: int = Field(description="requests refused (429) since start")
+    rejected_by_reason: dict[str, int] = Field(alias="rejectedByReason")
+    conditions: list[ConditionStatus]
+
+
+class FlowControlStatus(_Model):
+    server_concurrency_limit: int = Field(alias="serverConcurrencyLimit")
+    priority_levels: list[PriorityLevelStatus] = Field(alias="priorityLevels")
+
+
+class FleetStatus(_Model):
+    name: str
+    connected: bool = Field(description="false: pacing alone, on one window in `size`")
+    size: int = Field(description="proxies in the fleet, as last seen, this one included")
+    since: str = Field(description="when `connected` last changed")
+    last_error: str | None = Field(alias="lastError")
+
+
+class Status(_Model):
+    started_at: str = Field(alias="startedAt")
+    config: ConfigStatus
+    registries: dict[str, RegistryStatus]
+    resources: dict[str, ResourceStatus] = Field(
+        description="a page of the resources with state, in name order (?after=, ?limit=)"
+    )
+    resources_total: int = Field(
+        alias="resourcesTotal", description="resources with state, over every page"
+    )
+    resources_next: str | None = Field(
+        alias="resourcesNext",
+        description="the ?after= of the next page of resources; None: this page is the last",
+    )
+    refused: dict[str, int] = Field(
+        description="requests refused for a host kuikproxy holds no state for, by reason (maxHosts)"
+    )
+    cache: CacheStatus
+    flow_control: FlowControlStatus = Field(alias="flowControl")
+    fleet: FleetStatus | None = Field(None, description="None: this proxy paces alone")
