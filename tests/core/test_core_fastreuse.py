@@ -50,8 +50,9 @@ def state(t: Timeline, now: float) -> tuple[Any, ...]:
     follow-up grants, the census, the last request, the views."""
     s = t.sched
     rings = {r: ring.export() for r, ring in sorted(s._rings.items())}
+    tickets = s._check_tickets
     waiting = {
-        k: sorted((x.resource, x.auth or "") for x in v) for k, v in s._check_tickets.items()
+        k: sorted((x.resource, x.auth or "") for x in tickets.of(k)) for k in tickets._by_key
     }
     grants = sorted((k, s._follow_ups.get(k, now)) for k in s._follow_ups._entries)
     return (rings, waiting, grants, s._census.images, len(s._census._hosts), s.last_request,

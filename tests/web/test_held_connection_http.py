@@ -1,4 +1,4 @@
-"""What a held request's connection keeps while it waits (issue 15: a held request ≤ 8 KB).
+"""What a held request's connection keeps while it waits (a held request's memory, bench/held.py).
 
 aiohttp arms a keep-alive timer per connection and arms it again after each answer; a request
 parked for its window has it cancelled (``RequestHandler.keep_alive(True)``, which aiohttp's own
