@@ -155,6 +155,22 @@ CASES = [
 Start = Callable[..., Awaitable[tuple[Client, LyingRegistry]]]
 
 
+async def serve_lying(
+    aiohttp_server: Callable[..., Awaitable[TestServer]], tls: Path | None
+) -> tuple[LyingRegistry, str]:
+    """A :class:`LyingRegistry` on 127.0.0.1 (over TLS with a certificate written in ``tls``),
+    and the lines of its registry block that say where it is and how to trust it."""
+    fake = LyingRegistry()
+    scheme, trust, context = "http", "", None
+    if tls is not None:
+        cert, key = self_signed(tls)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        scheme, trust = "https", f"    tls: {{caFile: {cert}}}\n"
+    server = await aiohttp_server(fake.app(), ssl=context)
+    return fake, f"    upstream: {scheme}://127.0.0.1:{server.port}\n{trust}"
+
+
 @pytest.fixture
 def start(
     aiohttp_server: Callable[..., Awaitable[TestServer]],
@@ -167,18 +183,10 @@ def start(
     ) -> tuple[Client, LyingRegistry]:
         """``tls``: a directory to write a certificate in; the registry serves TLS with it.
         ``timeout``: the copies' ``copy.timeout``."""
-        fake = LyingRegistry()
-        scheme, trust, context = "http", "", None
-        if tls is not None:
-            cert, key = self_signed(tls)
-            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            context.load_cert_chain(cert, key)
-            scheme, trust = "https", f"    tls: {{caFile: {cert}}}\n"
-        server = await aiohttp_server(fake.app(), ssl=context)
+        fake, upstream = await serve_lying(aiohttp_server, tls)
         config = parse_config(
-            f"registries:\n  {HOST}:\n    upstream: {scheme}://127.0.0.1:{server.port}\n"
-            f"    check: {{interval: 200ms}}\n"
-            f"    copy: {{interval: 200ms, idle: {idle}, timeout: {timeout}}}\n" + trust
+            f"registries:\n  {HOST}:\n{upstream}    check: {{interval: 200ms}}\n"
+            f"    copy: {{interval: 200ms, idle: {idle}, timeout: {timeout}}}\n"
         )
         app = build_app(config)
         return await aiohttp_client(app, server_kwargs={"handler_cancellation": True}), fake

@@ -29,7 +29,7 @@ from kuikproxy.config import parse_config
 from kuikproxy.upstream.client import STALL_TIMEOUT
 from kuikproxy.web import relay, threadrelay
 from kuikproxy.web.server import SHUTDOWN_GRACE
-from tests.web.test_content_http import HOST, Lie, LyingRegistry, blob_of, digest_of, self_signed
+from tests.web.test_content_http import HOST, Lie, LyingRegistry, blob_of, digest_of, serve_lying
 
 pytestmark = pytest.mark.looptime
 
@@ -51,21 +51,11 @@ def start(
         tls: Path | None = None, timeout: str = "0s", store: Path | None = None
     ) -> tuple[Client, LyingRegistry]:
         """``store``: with a pull-through store there."""
-        fake = LyingRegistry()
-        scheme, trust, context = "http", "", None
-        if tls is not None:
-            import ssl
-
-            cert, key = self_signed(tls)
-            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            context.load_cert_chain(cert, key)
-            scheme, trust = "https", f"    tls: {{caFile: {cert}}}\n"
-        server = await aiohttp_server(fake.app(), ssl=context)
+        fake, upstream = await serve_lying(aiohttp_server, tls)
         cache = "" if store is None else f"cache: {{blobs: {{path: {str(store)!r}}}}}\n"
         config = parse_config(
-            f"{cache}registries:\n  {HOST}:\n    upstream: {scheme}://127.0.0.1:{server.port}\n"
-            f"    check: {{interval: 200ms}}\n"
-            f"    copy: {{interval: 200ms, idle: 0s, timeout: {timeout}}}\n" + trust
+            f"{cache}registries:\n  {HOST}:\n{upstream}    check: {{interval: 200ms}}\n"
+            f"    copy: {{interval: 200ms, idle: 0s, timeout: {timeout}}}\n"
         )
         kwargs = {"handler_cancellation": True, "shutdown_timeout": SHUTDOWN_GRACE}
         return await aiohttp_client(build_app(config), server_kwargs=kwargs), fake
