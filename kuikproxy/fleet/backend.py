@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from kuikproxy.core.fleetturns import Claim
 from kuikproxy.core.quota import SharedBucket
 from kuikproxy.errors import KuikProxyError
 
@@ -29,12 +30,15 @@ class FleetBackend(Protocol):
         ``proposed``."""
         ...
 
-    async def claim(self, host: str, series: str, window: int, interval: float) -> bool:
+    async def claim(self, host: str, series: str, window: int, interval: float) -> Claim:
         """Whether this proxy, which has something due, may use window ``window`` (its index
         since the origin) of ``host``'s ``series``. At most one proxy of the fleet gets each
         window; among the proxies that have had something due in the last two intervals, the
         windows go round in turns (window ``k`` to the ``k mod n``-th by name), so none starves.
-        Calling registers this proxy as having something due."""
+        Calling registers this proxy as having something due. The answer also tells this
+        proxy's place in the turns, and whether the store lost them lately: it restarted
+        without its data and put back the origin this proxy used, less than two intervals and
+        a second ago (``forming``)."""
         ...
 
     async def block(self, host: str, until: float) -> float:

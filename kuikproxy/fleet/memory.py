@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kuikproxy.core.fleetturns import Claim, careful_for
 from kuikproxy.core.quota import SharedBucket, take_shared
 from kuikproxy.fleet.backend import FleetUnavailable
 
@@ -21,11 +22,15 @@ KEPT_WINDOWS = 64  # claims remembered per series: a late claim of an older wind
 
 @dataclass
 class FleetState:
-    """What the fleet shares; ``up`` False makes every call fail, as an unreachable store."""
+    """What the fleet shares; ``up`` False makes every call fail, as an unreachable store, and
+    so does a name in ``cut`` for that proxy alone (a store coming back one connection at a
+    time, or a partition)."""
 
     clock: Callable[[], float] = time.time
     up: bool = True
+    cut: set[str] = field(default_factory=set)
     origins: dict[Series, tuple[float, float]] = field(default_factory=dict)  # interval, origin
+    forming: dict[Series, float] = field(default_factory=dict)  # origin put back → until
     due: dict[Series, dict[str, float]] = field(default_factory=dict)  # name → last claim
     windows: dict[Series, dict[int, str]] = field(default_factory=dict)  # index → owner
     blocks: dict[str, float] = field(default_factory=dict)
@@ -33,46 +38,60 @@ class FleetState:
     answers: dict[tuple[str, str], tuple[bytes, float]] = field(default_factory=dict)  # → expiry
     buckets: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)  # per host
 
+    def restart(self) -> None:
+        """The store restarts without its data (Redis without persistence)."""
+        self.origins, self.forming, self.due, self.windows = {}, {}, {}, {}
+        self.blocks, self.seen, self.answers, self.buckets = {}, {}, {}, {}
+
 
 class MemoryFleet:
     def __init__(self, state: FleetState, name: str) -> None:
         self.state = state
         self.name = name
+        self._origins: dict[Series, tuple[float, float]] = {}  # the ones this proxy was given
 
     def _now(self) -> float:
         state = self.state
-        if not state.up:
+        if not state.up or self.name in state.cut:
             raise FleetUnavailable("the fleet's store is down")
         now = state.clock()
         state.seen[self.name] = now
         return now
 
     async def origin(self, host: str, series: str, interval: float, proposed: float) -> float:
-        self._now()
-        kept = self.state.origins.get((host, series))
-        if kept is not None and kept[0] == interval:
-            return kept[1]
-        self.state.origins[(host, series)] = (interval, proposed)
-        return proposed
+        now, key, state = self._now(), (host, series), self.state
+        kept = state.origins.get(key)
+        if kept is None and key in self._origins:  # the store lost it: turns forming
+            state.forming[key] = now + careful_for(interval)
+        if kept is None or kept[0] != interval:
+            kept = state.origins[key] = (interval, proposed)
+        self._origins[key] = kept
+        return kept[1]
 
-    async def claim(self, host: str, series: str, window: int, interval: float) -> bool:
-        now = self._now()
-        due = self.state.due.setdefault((host, series), {})
+    async def claim(self, host: str, series: str, window: int, interval: float) -> Claim:
+        now, key, state = self._now(), (host, series), self.state
+        mine = self._origins.get(key)
+        if mine is not None:
+            if key not in state.origins:  # the store lost it: the fleet's back, turns forming
+                state.origins[key] = mine
+                state.forming[key] = now + careful_for(interval)
+            elif state.origins[key] != mine:  # off the fleet's grid: no window
+                return Claim(won=False, place=0, of=0)
+        forming = state.forming.get(key, now) > now
+        due = state.due.setdefault(key, {})
         due[self.name] = now
         for name, last in list(due.items()):
             if last < now - 2 * interval:
                 del due[name]
-        windows = self.state.windows.setdefault((host, series), {})
+        members = sorted(due)
+        place = members.index(self.name)
+        windows = state.windows.setdefault(key, {})
         owner = windows.get(window)
-        if owner is None:
-            members = sorted(due)
-            owner = members[window % len(members)]
-            if owner != self.name:
-                return False
-            windows[window] = owner
+        if owner is None and window % len(members) == place:
+            owner = windows[window] = self.name
             for old in [k for k in windows if k < window - KEPT_WINDOWS]:
                 del windows[old]
-        return owner == self.name
+        return Claim(owner == self.name, place, len(members), forming)
 
     async def block(self, host: str, until: float) -> float:
         self._now()

@@ -12,6 +12,10 @@ Key layout, with the default ``key_prefix`` ``kuikproxy:``, ``<series>`` ``check
                                                         the last claim
     kuikproxy:{<host>}:<series>:window:<k>  string      the name of the proxy that got window k;
                                                         expires 2 intervals + 1 s after
+    kuikproxy:{<host>}:<series>:forming     string      set when the store had lost the origin
+                                                        (it restarted empty) and a proxy that
+                                                        had it is back; expires 2 intervals
+                                                        + 1 s after
     kuikproxy:{<host>}:block                string      the block's end (wall time, seconds);
                                                         expires at that end
     kuikproxy:{<host>}:kept:<key>           string      a kept answer (R1), as the runtime
@@ -48,12 +52,13 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
+from kuikproxy.core.fleetturns import STORE_TIMEOUT, Claim
 from kuikproxy.core.quota import SharedBucket
 from kuikproxy.fleet.backend import FleetBackend, FleetUnavailable
 
 log = logging.getLogger(__name__)
 
-TIMEOUT = 1.0  # seconds to connect, and per command: a window must not wait long
+TIMEOUT = STORE_TIMEOUT  # seconds to connect, and per command: a window must not wait long
 HEARTBEAT_EVERY = 10.0  # seconds between heartbeats when the runtime calls nothing
 ALIVE_FOR = 60  # seconds a proxy counts in the fleet's size after its last heartbeat
 
@@ -67,54 +72,66 @@ redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - ALIVE_MS))
 """.replace("ALIVE_MS", str(ALIVE_FOR * 1000))
 
-# KEYS: fleet, origin. ARGV: name, interval (ms), proposed origin. Numbers travel as strings
-# both ways (a Lua number returned to Redis is cut to an integer).
+# KEYS: fleet, origin, forming. ARGV: name, interval (ms), proposed origin, '1' if this proxy
+# had the fleet's origin before (else ''). Numbers travel as strings both ways (a Lua number
+# returned to Redis is cut to an integer).
 _ORIGIN = (
     _HEARTBEAT
     + """
-if redis.call('HGET', KEYS[2], 'interval') == ARGV[2] then
+local interval = redis.call('HGET', KEYS[2], 'interval')
+if interval == ARGV[2] then
   return redis.call('HGET', KEYS[2], 'origin')
+end
+if not interval and ARGV[4] == '1' then
+  -- the store lost it (restarted empty) and a proxy of the fleet is back: turns forming
+  redis.call('SET', KEYS[3], '1', 'PX', 2 * tonumber(ARGV[2]) + TIMEOUT_MS)
 end
 redis.call('HSET', KEYS[2], 'interval', ARGV[2], 'origin', ARGV[3])
 return ARGV[3]
 """
-)
+).replace("TIMEOUT_MS", str(round(TIMEOUT * 1000)))
 
-# KEYS: fleet, origin, due, window k. ARGV: name, interval (ms), the origin this proxy uses
-# ('' if it never asked), k.
+# KEYS: fleet, origin, due, window k, forming. ARGV: name, interval (ms), the origin this proxy
+# uses ('' if it never asked), k. Returns {won, place, of, forming} (core.fleetturns.Claim).
 _CLAIM = (
     _HEARTBEAT
     + """
+local span = 2 * tonumber(ARGV[2])
 if ARGV[3] ~= '' then
   local interval = redis.call('HGET', KEYS[2], 'interval')
   if not interval then
     -- the store lost it (restarted empty): put back the one the fleet used, so that a proxy
-    -- joining now gets the same grid instead of starting one of its own
+    -- joining now gets the same grid instead of starting one of its own; the turns are
+    -- forming again, and proxies may still pace alone on theirs
     redis.call('HSET', KEYS[2], 'interval', ARGV[2], 'origin', ARGV[3])
+    redis.call('SET', KEYS[5], '1', 'PX', span + TIMEOUT_MS)
   elseif interval ~= ARGV[2] or redis.call('HGET', KEYS[2], 'origin') ~= ARGV[3] then
     -- this proxy's grid is not the fleet's (its config has another interval, or another
     -- proxy set the origin since): its windows fall between the fleet's, none may be used
-    return 0
+    return {0, 0, 0, 0}
   end
 end
-local span = 2 * tonumber(ARGV[2])
+local forming = redis.call('EXISTS', KEYS[5])
 redis.call('ZADD', KEYS[3], now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. (now - span))
 redis.call('PEXPIRE', KEYS[3], span + 1000)
-local owner = redis.call('GET', KEYS[4])
-if owner then
-  return owner == ARGV[1] and 1 or 0
-end
 -- turns: window k to the (k mod n)-th by name of the proxies due within two intervals
 local due = redis.call('ZRANGE', KEYS[3], 0, -1)
 table.sort(due)
-if due[tonumber(ARGV[4]) % #due + 1] ~= ARGV[1] then
-  return 0
+local place = 0
+for i, name in ipairs(due) do
+  if name == ARGV[1] then
+    place = i - 1
+  end
 end
-redis.call('SET', KEYS[4], ARGV[1], 'PX', span + 1000)
-return 1
+local owner = redis.call('GET', KEYS[4])
+if not owner and tonumber(ARGV[4]) % #due == place then
+  redis.call('SET', KEYS[4], ARGV[1], 'PX', span + 1000)
+  owner = ARGV[1]
+end
+return {owner == ARGV[1] and 1 or 0, place, #due, forming}
 """
-)
+).replace("TIMEOUT_MS", str(round(TIMEOUT * 1000)))
 
 # KEYS: fleet. ARGV: name. The proxies seen within ALIVE_FOR, this one included.
 _SIZE = _HEARTBEAT + "return redis.call('ZCARD', KEYS[1])"
@@ -229,10 +246,17 @@ class RedisFleet:
         fleet = cls(client, name, key_prefix)
         try:
             await fleet.size()  # the first heartbeat: this proxy counts from now
+            # the scripts loaded now, so that the first claim of a window is one round trip
+            # (not a refusal, a load and a retry: a late first read of the fleet's)
+            await fleet._call("scripts", fleet._load())
         except FleetUnavailable as error:
             log.warning("%s; pacing alone until it answers", error)
         fleet._heartbeat = asyncio.create_task(fleet._beat(), name=f"fleet heartbeat {name}")
         return fleet
+
+    async def _load(self) -> None:
+        for script in (self._origin, self._claim, self._block, self._take):
+            await self._redis.script_load(script.script)
 
     def _key(self, host: str, *parts: str) -> str:
         return ":".join((f"{self._prefix}{{{host}}}", *parts))
@@ -250,16 +274,25 @@ class RedisFleet:
         answer = await self._call(
             f"origin of {host} {series}",
             self._origin(
-                keys=[self._fleet_key, self._key(host, series, "origin")],
-                args=[self.name, _ms(interval), repr(float(proposed))],
+                keys=[
+                    self._fleet_key,
+                    self._key(host, series, "origin"),
+                    self._key(host, series, "forming"),
+                ],
+                args=[
+                    self.name,
+                    _ms(interval),
+                    repr(float(proposed)),
+                    "1" if (host, series) in self._origins else "",
+                ],
             ),
         )
         text = answer.decode() if isinstance(answer, bytes) else str(answer)
         self._origins[host, series] = text
         return float(text)
 
-    async def claim(self, host: str, series: str, window: int, interval: float) -> bool:
-        won = await self._call(
+    async def claim(self, host: str, series: str, window: int, interval: float) -> Claim:
+        won, place, of, forming = await self._call(
             f"claim of {host} {series} window {window}",
             self._claim(
                 keys=[
@@ -267,11 +300,12 @@ class RedisFleet:
                     self._key(host, series, "origin"),
                     self._key(host, series, "due"),
                     self._key(host, series, "window", str(window)),
+                    self._key(host, series, "forming"),
                 ],
                 args=[self.name, _ms(interval), self._origins.get((host, series), ""), window],
             ),
         )
-        return bool(won)
+        return Claim(bool(won), int(place), int(of), bool(forming))
 
     async def block(self, host: str, until: float) -> float:
         answer = await self._call(

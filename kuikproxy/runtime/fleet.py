@@ -7,11 +7,13 @@ gets each window, in turns among those with something due. A window another prox
 ``fleet``. A block a registry puts on one proxy is the fleet's, and every proxy honours it.
 
 When the fleet's store cannot be reached the proxy paces alone, never faster than its share:
-it uses one window in ``n``, ``n`` the last fleet size it knew — the windows that were its turns
-(``k mod n`` = its place), so the fleet's proxies, each alone, still use each window at most
-once — and says so (``/status.fleet``, ``kuik_proxy_fleet_connected``); each window tries the
-store again, so it rejoins as soon as the store answers. No request is lost or doubled by the
-switch: requests wait in the scheduler either way, and only who may use a window changes.
+on each series, the windows that were its turns when it last could reach the store, so the
+fleet's proxies, each alone, still use each window at most once (and while the fleet forms
+again, a window only if it is both the store's answer and its own turn:
+:mod:`kuikproxy.core.fleetturns`) — and says so (``/status.fleet``,
+``kuik_proxy_fleet_connected``); each window tries the store again, so it rejoins as soon as
+the store answers. No request is lost or doubled by the switch: requests wait in the scheduler
+either way, and only who may use a window changes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kuikproxy.core.fleetturns import Turns
 from kuikproxy.core.quota import SharedBucket, take_shared
 from kuikproxy.core.tickets import Operation
 from kuikproxy.core.windows import Series
@@ -59,9 +62,9 @@ class FleetLink:
         self.since = loop.time()
         self.error: str | None = None
         self._sized = -SIZE_EVERY
-        # this proxy's place in the turns (window k goes to the k mod n-th proxy): learnt from
-        # the windows it wins, so that alone it keeps to the windows that were its own
-        self.rank = zlib.crc32(backend.name.encode()) % 64
+        # a place in the turns before the store told one: from the name, so that proxies
+        # started while the store is away are unlikely to share it
+        self._place = zlib.crc32(backend.name.encode()) % 64
         # series on the fleet's grid: (host, series, interval); forgotten when the store is
         # lost, so that every series takes the grid again when it is back (the store may have
         # restarted empty, and claims are only the fleet's on its grid)
@@ -69,6 +72,10 @@ class FleetLink:
         # alone, the share of the fleet's buckets this proxy may use: (host, fleet size) →
         # bucket key → (tokens, loop time)
         self._alone: dict[tuple[str, int], dict[str, tuple[float, float]]] = {}
+
+    def turns(self) -> Turns:
+        """A series' own turns, before the store has told any."""
+        return Turns(self._place, self.size)
 
     def aligned(self, host: str, operation: Operation, series: Series) -> bool:
         return (host, operation.value, series.interval) in self._aligned
@@ -93,27 +100,26 @@ class FleetLink:
         operation: Operation,
         window: int,
         interval: float,
+        *,
+        turns: Turns,
         block: Callable[[float], None],
     ) -> bool:
         """Whether this proxy may use window ``window`` of ``host``'s series, which it has
-        something due for. A block the fleet knows of is put on the host first (``block``, in
-        loop time; the window is then this proxy's to count ``blocked``)."""
+        something due for (``turns``: its own on that series). A block the fleet knows of is
+        put on the host first (``block``, in loop time; the window is then this proxy's to
+        count ``blocked``)."""
         try:
             until = await self.backend.blocked_until(host)
             if until is not None and until > self.loop.time() + self.offset:
                 block(until - self.offset)
                 return True
-            won = await self.backend.claim(host, operation.value, window, interval)
+            claim = await self.backend.claim(host, operation.value, window, interval)
             await self._refresh_size()
         except FleetUnavailable as error:
             self._down(error)
-            # alone: the windows that were this proxy's turns, no more (the fleet's others
-            # keep to theirs), so the registry still sees at most one read per window
-            return window % self.size == self.rank % self.size
+            return turns.alone(window)
         self._up()
-        if won:
-            self.rank = window % self.size
-        return won
+        return turns.claimed(claim, window, interval, self.loop.time())
 
     async def block(self, host: str, until: float) -> None:
         """A registry blocked ``host`` (loop time) for this proxy: the fleet's now."""

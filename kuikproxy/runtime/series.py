@@ -13,6 +13,7 @@ import asyncio
 import logging
 from typing import Protocol
 
+from kuikproxy.core.fleetturns import Turns
 from kuikproxy.core.scheduler import HostScheduler
 from kuikproxy.core.tickets import Operation, WindowResult
 from kuikproxy.core.windows import Outcome, Series
@@ -39,7 +40,17 @@ class SeriesTimers:
     dict, and its host, not bound methods of it.
     """
 
-    __slots__ = ("_check", "_copy", "closed", "fleet", "name", "owner", "scheduler", "services")
+    __slots__ = (
+        "_check",
+        "_copy",
+        "_turns",
+        "closed",
+        "fleet",
+        "name",
+        "owner",
+        "scheduler",
+        "services",
+    )
 
     def __init__(
         self, name: str, scheduler: HostScheduler, services: Services, owner: Owner
@@ -53,6 +64,8 @@ class SeriesTimers:
         # each series' timer while something may be due there; a series with none sleeps
         self._check: asyncio.TimerHandle | None = None
         self._copy: asyncio.TimerHandle | None = None
+        # each series' own turns in the fleet's (kept to while the store is away), once shared
+        self._turns: dict[Operation, Turns] | None = None
         self.arm(Operation.CHECK)
         self.arm(Operation.COPY)
 
@@ -118,7 +131,12 @@ class SeriesTimers:
             await fleet.align(self.name, operation, series)
             self.arm(operation)
             return
-        mine = await fleet.may_use(self.name, operation, index, series.interval, self.owner.block)
+        if self._turns is None:
+            self._turns = {Operation.CHECK: fleet.turns(), Operation.COPY: fleet.turns()}
+        turns = self._turns[operation]
+        mine = await fleet.may_use(
+            self.name, operation, index, series.interval, turns=turns, block=self.owner.block
+        )
         if series.fired >= index or self.closed:
             return  # a later window fired meanwhile, or the host is gone (a reload)
         now = self.services.loop.time()

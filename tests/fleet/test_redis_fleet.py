@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
+from kuikproxy.core.fleetturns import Claim
 from kuikproxy.core.quota import SharedBucket
 from kuikproxy.fleet import redis as redis_fleet
 from kuikproxy.fleet.backend import FleetUnavailable
@@ -34,7 +35,7 @@ async def winners(proxies: list[RedisFleet], window: int, repeat: int = 1) -> se
     calls = [(p, p.claim(HOST, "check", window, LONG)) for p in proxies for _ in range(repeat)]
     random.shuffle(calls)
     answers = await asyncio.gather(*(call for _, call in calls))
-    return {p.name for (p, _), won in zip(calls, answers, strict=True) if won}
+    return {p.name for (p, _), claim in zip(calls, answers, strict=True) if claim.won}
 
 
 async def raw(url: str) -> redis.asyncio.Redis:
@@ -65,16 +66,16 @@ async def test_origin_is_set_once_and_restarted_by_a_new_interval(fleet: FleetFa
 async def test_a_proxy_alone_gets_every_window(fleet: FleetFactory) -> None:
     a = await fleet("a")
     await a.origin(HOST, "check", LONG, ORIGIN)
-    assert [await a.claim(HOST, "check", k, LONG) for k in range(1, 21)] == [True] * 20
-    assert await a.claim(HOST, "check", 5, LONG)  # asking again for its window: still its
+    assert [(await a.claim(HOST, "check", k, LONG)).won for k in range(1, 21)] == [True] * 20
+    assert (await a.claim(HOST, "check", 5, LONG)).won  # asking again for its window: still its
 
 
 async def test_two_proxies_due_take_turns(fleet: FleetFactory) -> None:
     a, b = await fleet("a"), await fleet("b")
     for proxy in (a, b):
         await proxy.origin(HOST, "check", LONG, ORIGIN)
-    assert await a.claim(HOST, "check", 1, LONG)  # alone so far: a's
-    assert not await b.claim(HOST, "check", 1, LONG)  # taken; b is due from now on
+    assert (await a.claim(HOST, "check", 1, LONG)).won  # alone so far: a's
+    assert not (await b.claim(HOST, "check", 1, LONG)).won  # taken; b is due from now on
     for k in range(2, 32):
         # window k to the (k mod 2)-th by name, whoever asks first
         assert await winners([a, b], k) == {"ab"[k % 2]}
@@ -98,15 +99,15 @@ async def test_a_proxy_no_longer_due_leaves_the_turns_after_two_intervals(
     await a.claim(HOST, "check", 0, interval)
     await b.claim(HOST, "check", 0, interval)
     # b stops asking. Its turns are lost, not given to a, while b may still be due ...
-    assert await a.claim(HOST, "check", 2, interval)
-    assert not await a.claim(HOST, "check", 3, interval)
+    assert (await a.claim(HOST, "check", 2, interval)).won
+    assert not (await a.claim(HOST, "check", 3, interval)).won
     # ... and after two intervals without a claim b is out: every window is a's
     await asyncio.sleep(2 * interval + 0.1)
-    assert [await a.claim(HOST, "check", k, interval) for k in range(5, 11)] == [True] * 6
+    assert [(await a.claim(HOST, "check", k, interval)).won for k in range(5, 11)] == [True] * 6
     # b is back: turns again
-    assert not await b.claim(HOST, "check", 10, interval)  # a's already
-    assert await b.claim(HOST, "check", 13, interval)
-    assert not await a.claim(HOST, "check", 13, interval)
+    assert not (await b.claim(HOST, "check", 10, interval)).won  # a's already
+    assert (await b.claim(HOST, "check", 13, interval)).won
+    assert not (await a.claim(HOST, "check", 13, interval)).won
 
 
 async def test_a_taken_window_expires_after_two_intervals(
@@ -115,7 +116,7 @@ async def test_a_taken_window_expires_after_two_intervals(
     a = await fleet("a")
     client = await raw(redis_server.url)
     try:
-        assert await a.claim(HOST, "check", 7, 0.5)
+        assert (await a.claim(HOST, "check", 7, 0.5)).won
         key = f"kuikproxy:{{{HOST}}}:check:window:7"
         assert await client.get(key) == "a"
         assert 1500 < await client.pttl(key) <= 2000  # 2 intervals + 1 s
@@ -130,12 +131,12 @@ async def test_a_proxy_off_the_fleets_grid_gets_no_window(fleet: FleetFactory) -
     # b's config changed the interval (a reload, P12): the series restarts on b's new grid;
     # a, still on the old one, would use windows between the fleet's: it gets none
     await b.origin(HOST, "check", 20.0, ORIGIN + 30)
-    assert not await a.claim(HOST, "check", 2, 10.0)
-    assert await b.claim(HOST, "check", 2, 20.0)
+    assert not (await a.claim(HOST, "check", 2, 10.0)).won
+    assert (await b.claim(HOST, "check", 2, 20.0)).won
     # a reloads too: it is on the fleet's grid again, and takes turns
     assert await a.origin(HOST, "check", 20.0, ORIGIN + 40) == ORIGIN + 30
-    assert not await a.claim(HOST, "check", 3, 20.0)  # b's turn (3 mod 2 = 1)
-    assert await a.claim(HOST, "check", 4, 20.0)
+    assert not (await a.claim(HOST, "check", 3, 20.0)).won  # b's turn (3 mod 2 = 1)
+    assert (await a.claim(HOST, "check", 4, 20.0)).won
 
 
 async def test_an_origin_lost_by_the_store_is_put_back_by_the_next_claim(
@@ -145,10 +146,21 @@ async def test_an_origin_lost_by_the_store_is_put_back_by_the_next_claim(
     await a.origin(HOST, "check", 10.0, ORIGIN)
     redis_server.stop()  # nothing is persisted: the server comes back empty
     redis_server.start()
-    assert await a.claim(HOST, "check", 1, 10.0)
-    # a proxy starting now gets the grid the fleet was on, not one of its own
+    assert await a.claim(HOST, "check", 1, 10.0) == Claim(True, 0, 1, forming=True)
+    # a proxy starting now gets the grid the fleet was on, not one of its own; the turns are
+    # forming for two intervals and the store's timeout, for every proxy that claims
     b = await fleet("b")
     assert await b.origin(HOST, "check", 10.0, ORIGIN + 1234) == ORIGIN
+    assert await b.claim(HOST, "check", 2, 10.0) == Claim(False, 1, 2, forming=True)
+
+
+async def test_a_claim_tells_the_proxys_place_among_those_due(fleet: FleetFactory) -> None:
+    b, a, c = await fleet("b"), await fleet("a"), await fleet("c")
+    assert await b.claim(HOST, "check", 1, LONG) == Claim(True, 0, 1)
+    assert await c.claim(HOST, "check", 2, LONG) == Claim(False, 1, 2)
+    assert await a.claim(HOST, "check", 3, LONG) == Claim(True, 0, 3)  # 3 mod 3: a's, first
+    assert await b.claim(HOST, "check", 4, LONG) == Claim(True, 1, 3)
+    assert await c.claim(HOST, "check", 4, LONG) == Claim(False, 2, 3)
 
 
 # -- blocks ---------------------------------------------------------------------------------
@@ -244,8 +256,8 @@ async def test_a_key_prefix_keeps_fleets_apart(fleet: FleetFactory) -> None:
     a, b = await fleet("a"), await fleet("b", key_prefix="other:")
     assert await a.origin(HOST, "check", 10.0, ORIGIN) == ORIGIN
     assert await b.origin(HOST, "check", 10.0, ORIGIN + 1) == ORIGIN + 1
-    assert await b.claim(HOST, "check", 1, 10.0)
-    assert await a.claim(HOST, "check", 1, 10.0)
+    assert (await b.claim(HOST, "check", 1, 10.0)).won
+    assert (await a.claim(HOST, "check", 1, 10.0)).won
     assert await a.size() == 1
 
 
@@ -277,7 +289,8 @@ async def test_an_outage_is_reported_at_once_and_ends_with_it(
     redis_server.start()  # same port, empty
     answers = {what: await call() for what, call in calls(a).items()}
     assert answers["origin"] == ORIGIN
-    assert answers["claim"] is True
+    # the origin it had is put back, and the turns are said to be forming again
+    assert answers["claim"] == Claim(won=True, place=0, of=1, forming=True)
     assert answers["size"] == 1
 
 
@@ -294,7 +307,7 @@ async def test_an_unresponsive_server_is_reported_within_the_timeout(
             await a.claim(HOST, "check", 1, LONG)
         assert time.monotonic() - started < 2.0
         await asyncio.sleep(1.6 - (time.monotonic() - started))
-        assert await a.claim(HOST, "check", 1, LONG)  # and works again once it answers
+        assert (await a.claim(HOST, "check", 1, LONG)).won  # and works again once it answers
     finally:
         await client.aclose()
 
@@ -308,7 +321,7 @@ async def test_a_proxy_started_during_an_outage_joins_when_it_ends(
         await a.size()
     redis_server.start()
     assert await a.size() == 1
-    assert await a.claim(HOST, "check", 1, LONG)
+    assert (await a.claim(HOST, "check", 1, LONG)).won
 
 
 # -- connection options ---------------------------------------------------------------------

@@ -179,6 +179,37 @@ async def test_without_the_fleets_store_each_proxy_paces_alone_on_its_share(
     assert first.server.app[PACER].held() == 0
 
 
+async def test_a_store_back_empty_while_a_proxy_still_paces_alone_never_doubles_a_window(
+    fleet: Start, registry: tuple[Registry, TestServer]
+) -> None:
+    """Three busy proxies; the store goes away and comes back empty (Redis without
+    persistence), but one proxy cannot reach it for a few windows more and still paces alone
+    on its turns. The two that are back find turns among fewer proxies than before: they keep
+    to their own turns until every proxy alone has had time to come back, so the registry
+    never sees two reads in one window, before, during or after."""
+    fake, _ = registry
+    state = FleetState(clock=asyncio.get_running_loop().time)
+    proxies = await fleet(3, state)
+    requests = [
+        asyncio.ensure_future(head(client, f"{n}-{i:02}", f"r{n}"))
+        for n, client in enumerate(proxies)
+        for i in range(25)
+    ]
+    await asyncio.sleep(6 * INTERVAL + INTERVAL / 2)
+    state.up = False
+    await asyncio.sleep(5 * INTERVAL)
+    state.restart()
+    state.cut.add("p2")
+    state.up = True
+    await asyncio.sleep(3 * INTERVAL)
+    state.cut.clear()
+    responses = await asyncio.gather(*requests)
+    assert {r.status for r in responses} == {200}
+    times = [s.at for s in fake.reads()]
+    assert len(times) == 75
+    assert min(gaps(times)) >= INTERVAL - JITTER
+
+
 async def test_an_image_read_by_one_proxy_serves_the_others_resources(
     fleet: Start, registry: tuple[Registry, TestServer]
 ) -> None:
