@@ -3,7 +3,7 @@
 Every time here is **wall-clock** seconds (``time.time()``): each proxy's event-loop clock is its
 own, and the fleet's series must open at the same instants for all of them. The runtime converts
 to and from its loop time. A backend that cannot be reached raises :class:`FleetUnavailable`;
-the runtime then paces alone, slower (the interval times the last known fleet size).
+the runtime then paces alone, on its own turns (one window in the n it last shared).
 """
 
 from __future__ import annotations
