@@ -17,13 +17,20 @@ from typing import TYPE_CHECKING, Any
 
 from kuikproxy.core.images import BLOBS, MANIFESTS
 from kuikproxy.core.tickets import Operation
-from kuikproxy.errors import TooManyRequests, Unavailable, UpstreamTimeout, UpstreamUnreachable
+from kuikproxy.errors import (
+    RegistryError,
+    TooManyRequests,
+    Unavailable,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from kuikproxy.runtime.messages import Answer, Body, Go, Reply
 from kuikproxy.runtime.parking import Waiter
 from kuikproxy.runtime.pullthrough import PullThrough, stored_by_digest
 from kuikproxy.runtime.reads import whole
 
 if TYPE_CHECKING:  # the pacer makes reads; a read only calls it back
+    from kuikproxy.runtime.host import Admitted
     from kuikproxy.runtime.messages import RegistryRequest
     from kuikproxy.runtime.pacer import Pacer
 
@@ -35,7 +42,7 @@ class Read:
     Written out rather than made with ``asynccontextmanager``: a held request pays for every
     frame it sits in, and a kept answer for every object made on its way (the hot path)."""
 
-    __slots__ = ("_body", "_connection", "_go", "_opened", "_pacer", "_request")
+    __slots__ = ("_body", "_connection", "_early", "_go", "_opened", "_pacer", "_request")
 
     def __init__(self, pacer: Pacer, request: RegistryRequest, connection: object = None) -> None:
         self._pacer = pacer
@@ -44,15 +51,63 @@ class Read:
         self._go: Go | None = None  # released to go upstream: ended on the way out
         self._opened: AsyncExitStack | None = None  # the seat and the registry's answer
         self._body: Body | None = None  # content on disk, this client's to close
+        self._early: Admitted | RegistryError | None = None  # admitted before it was entered
 
     def __aenter__(self) -> Awaitable[Reply]:
         """The read itself, not a coroutine awaiting it: a held request pays for every frame
         it sits in."""
+        early = self._early
+        if early is not None:
+            self._early = None
+            if isinstance(early, RegistryError):
+                raise early
+            return self._then(early)
         pacer = self._pacer
         if pacer.closed:
             raise Unavailable("kuikproxy is shutting down", refusal="shutdown")
         cache = pacer.cache
         return self._reply() if cache is None else self._through(cache)
+
+    @property
+    def request(self) -> RegistryRequest:
+        return self._request
+
+    def admit_now(self) -> Waiter | bool:
+        """Admission decided now, before the read is entered, when nothing in it is awaited (no
+        pull-through store, no fleet to ask, a paced read on no ``Exempt`` level): entering then
+        carries out that decision. The edge's server does this for a request it has just
+        parsed, so that one that waits for its window is parked before any handler, task or
+        request object is made for it. Returns the waiter to watch if it was parked, True if
+        decided otherwise (answered, released, or refused), False if not decided (entering
+        decides, as it always does)."""
+        pacer, request = self._pacer, self._request
+        if (
+            pacer.closed
+            or pacer.cache is not None
+            or not request.paced
+            or (request.gate.paced_exempt and request.flow.exempt)
+            or (pacer.fleet is not None and request.operation is Operation.CHECK)
+        ):
+            return False
+        try:
+            early = self._early = pacer.admit(request)
+        except RegistryError as refused:  # raised when entered, as entering would have
+            self._early = refused
+            return True
+        if isinstance(early, Waiter):
+            if self._connection is not None:
+                _not_idle(self._connection)
+            return early
+        return True
+
+    def abandon(self) -> None:
+        """Its client left before the read was entered: what admission gave up for it, as a
+        handler cancelled while it waits would (P11: a parked read stands its ask)."""
+        early, self._early = self._early, None
+        if isinstance(early, Waiter):
+            early.parking.unpark(early, cancelled=True)
+        elif isinstance(early, Go):
+            early.done()
 
     async def _through(self, cache: PullThrough) -> Reply:
         """The read with a pull-through store (§15): content by digest from the disk, or from
@@ -144,7 +199,9 @@ class Read:
         return await self._admit()
 
     def _admit(self) -> Awaitable[Reply]:
-        admitted = self._pacer.admit(self._request)
+        return self._then(self._pacer.admit(self._request))
+
+    def _then(self, admitted: Admitted) -> Awaitable[Reply]:
         if isinstance(admitted, Answer):
             return _at_once(Reply(answer=admitted, hit=True))
         if isinstance(admitted, Waiter):

@@ -30,6 +30,9 @@ from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler
 
 from kuikproxy.errors import RegistryError
+from kuikproxy.runtime.messages import RegistryRequest
+from kuikproxy.runtime.parking import Waiter
+from kuikproxy.runtime.read import Read
 from kuikproxy.web.classify import classify
 from kuikproxy.web.keys import CURRENT, METRICS, PACER
 
@@ -92,9 +95,18 @@ class Server(web.Server):
 
 
 class Protocol(RequestHandler):
-    """aiohttp's protocol, answering kept answers as their requests are parsed."""
+    """aiohttp's protocol, answering kept answers as their requests are parsed, and parking a
+    read that waits for its window before aiohttp makes anything of it."""
 
-    __slots__ = ()
+    __slots__ = ("_early",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._messages = _Messages()  # type: ignore[assignment]
+        # the first message's read, admitted as it was parsed (:meth:`Read.admit_now`), until
+        # its handler takes it (:func:`admitted`); ``start()`` is woken for it once it is
+        # decided, so a parked read has no task, request or frame of aiohttp's meanwhile
+        self._early: tuple[RawRequestMessage, Read] | None = None
 
     def data_received(self, data: bytes) -> None:
         waiter = self._waiter
@@ -111,13 +123,19 @@ class Protocol(RequestHandler):
             self._waiter = waiter
         messages = self._messages
         server = self._manager
-        while messages and isinstance(server, Server) and self._answered(server):
-            pass
-        if messages:
+        parked = False
+        while messages and isinstance(server, Server):
+            taken = self._take(server)
+            if taken is not True:
+                parked = taken is not False
+                break
+        if messages and not parked:
             waiter.set_result(None)
 
-    def _answered(self, server: Server) -> bool:
-        """Answer the first message waiting, if it is a kept answer's; whether it was."""
+    def _take(self, server: Server) -> bool | Waiter:
+        """Answer the first message waiting, if it is a kept answer's (True); else admit its
+        read now if that awaits nothing: the waiter it is parked on, left for ``start()``
+        until it is decided (False, and ``start()`` woken, for anything else)."""
         if self._buffer_paused or self._close or self._force_close or self.writing_paused:
             # a client that does not read its answers waits for them aiohttp's way (drain)
             return False
@@ -125,9 +143,18 @@ class Protocol(RequestHandler):
         transport = self.transport
         if transport is None or not isinstance(message, RawRequestMessage):
             return False  # a message aiohttp could not parse is its own to answer
-        head = server.answers.head(message, payload, transport)
+        head = server.answers.head(message, payload, transport, self)
         if head is None:
             return False
+        if not isinstance(head, bytes):
+            read, admitted = head
+            if self._early is not None:  # one whose handler never came (aiohttp refused it)
+                self._early[1].abandon()
+            entry = self._early = (message, read)
+            if isinstance(admitted, bool) or admitted.future.done():
+                return False
+            admitted.future.add_done_callback(lambda _: self._decided(entry))
+            return admitted
         self._messages.popleft()
         assert self._parser is not None  # only None once the connection is lost
         self._parser.message_consumed()
@@ -142,6 +169,52 @@ class Protocol(RequestHandler):
             self._keepalive_handle = loop.call_at(close_time, self._process_keepalive)
         return True
 
+    def _decided(self, entry: tuple[RawRequestMessage, Read]) -> None:
+        """A parked read's window (or refusal) came: ``start()`` takes its message now — unless
+        its handler has it already (more data woke ``start()`` meanwhile) or the client left."""
+        waiter = self._waiter
+        if self._early is entry and waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def admitted(self, message: object) -> Read | None:
+        """The read admitted for ``message`` as it was parsed, if it was: its handler's now."""
+        early = self._early
+        if early is None or early[0] is not message:
+            return None
+        self._early = None
+        return early[1]
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        early, self._early = self._early, None
+        if early is not None:  # its client left before a handler took it: as if cancelled
+            read = early[1]
+            read.abandon()
+            server = self._manager
+            if isinstance(server, Server):
+                server.answers.cancelled(read.request)
+        super().connection_lost(exc)
+
+
+def admitted(request: web.Request) -> Read | None:
+    """The read :class:`Protocol` admitted for ``request`` as it parsed it, if it did."""
+    protocol = request.protocol
+    if not isinstance(protocol, Protocol):
+        return None
+    # the parsed message it was made of (``Request.message`` is deprecated, and warns)
+    return protocol.admitted(getattr(request, "_message", None))
+
+
+class _Messages(list[Any]):
+    """The connection's queue of parsed messages, as small as a list. aiohttp's is a ``deque``,
+    which keeps a 64-slot block from the start (760 B a connection, measured: ``bench/RESULTS.md``
+    §2); it holds one message or none nearly always (the client's pipelining, at most
+    ``max_msg_queue_size`` of them), so taking from the front of a list costs nothing."""
+
+    __slots__ = ()
+
+    def popleft(self) -> Any:
+        return self.pop(0)
+
 
 class KeptHeads:
     """What :class:`Protocol` answers, from the application's runtime: a plain ``HEAD`` of an
@@ -154,11 +227,17 @@ class KeptHeads:
         self._app = app  # read per request: the runtime is made when the application starts
 
     def head(
-        self, message: RawRequestMessage, payload: object, transport: asyncio.BaseTransport
-    ) -> bytes | None:
-        """The bytes that answer ``message``, or None: aiohttp's way then."""
+        self,
+        message: RawRequestMessage,
+        payload: object,
+        transport: asyncio.BaseTransport,
+        connection: RequestHandler,
+    ) -> bytes | tuple[Read, Waiter | bool] | None:
+        """The bytes that answer ``message`` (a ``HEAD`` a kept answer serves); or its read
+        and what admitting it now gave (:meth:`Read.admit_now`); or None: aiohttp's way."""
+        method = message.method
         if (
-            message.method != "HEAD"
+            method not in ("HEAD", "GET")
             or payload is not EMPTY_PAYLOAD  # a body: aiohttp reads or drains it
             or message.version != HttpVersion11
             or message.should_close
@@ -185,18 +264,25 @@ class KeptHeads:
         peer = transport.get_extra_info("peername")
         remote = None if peer is None else str(peer[0] if isinstance(peer, tuple) else peer)
         read = classify(
-            "HEAD", headers, remote, image, query=located.query, config=config,
+            method, headers, remote, image, query=located.query, config=config,
             flows=pacer.flow, signer=pacer.signer(target.host),
         )  # fmt: skip
-        answer = pacer.reuse(read)
+        answer = pacer.reuse(read) if method == "HEAD" else None
         if answer is None:
-            return None
+            reading = pacer.read(read, connection)
+            admitted = reading.admit_now()
+            return None if admitted is False else (reading, admitted)
         ns = target.host if target.by_ns else None
         head = _head(answer.status, answer.headers, ns)
         if head is None:  # not a header block aiohttp would write: it says why
             return None
         app[METRICS].answered(target.host, CHECK, str(answer.status), "hit")
         return head + _tail(rfc822_formatted_time())
+
+    def cancelled(self, read: RegistryRequest) -> None:
+        """Counted as the handler counts a request whose client left while it waited."""
+        operation = read.operation.value.capitalize()
+        self._app[METRICS].answered(read.host, operation, "cancelled", "miss")
 
 
 @lru_cache(maxsize=4096)

@@ -16,6 +16,7 @@ from kuikproxy.config import Config, RegistrySettings
 from kuikproxy.errors import InternalError, NotFound, RegistryError, Unsupported
 from kuikproxy.runtime.messages import Reply, forwarded
 from kuikproxy.web.classify import Located, Target, auth_key, classify
+from kuikproxy.web.fastpath import admitted
 from kuikproxy.web.keys import CURRENT, FORWARDING, METRICS, PACER
 from kuikproxy.web.observe import metrics_page, status, status_schema
 from kuikproxy.web.oci import API_VERSION, error_response
@@ -36,6 +37,7 @@ async def registry(request: web.Request) -> web.StreamResponse:
     host, operation, cache = "-", "-", "none"  # the metric's labels, as far as they are known
     response: web.StreamResponse | None = None
     pacer = request.app[PACER]
+    early = admitted(request)  # admitted as aiohttp parsed it (web/fastpath.py): this one's
     try:
         current = request.app[CURRENT]  # read once: a reload swaps it whole
         located, proxy_authorization = locate(request)
@@ -60,7 +62,7 @@ async def registry(request: web.Request) -> web.StreamResponse:
                 signer=pacer.signer(host),
             )
             operation, cache = read.operation.value.capitalize(), "miss"
-            async with pacer.read(read, request.protocol) as reply:
+            async with early or pacer.read(read, request.protocol) as reply:
                 cache = "hit" if reply.hit else "miss"
                 response = await render(request, reply, ns)
     except RegistryError as error:
@@ -71,6 +73,8 @@ async def registry(request: web.Request) -> web.StreamResponse:
         log.exception("unexpected error on %s %s", request.method, request.path[:200])
         response = error_response(InternalError("internal error in kuikproxy"))
     finally:
+        if early is not None:
+            early.abandon()  # nothing if it was entered; else what admission gave, given up
         code = "cancelled" if response is None else str(response.status)
         request.app[METRICS].answered(host, operation, code, cache)
     return response

@@ -1,0 +1,121 @@
+"""Reads parked as aiohttp parses them (``web/fastpath.py``, ``Read.admit_now``): a request that
+waits for its window has no handler, task or request object until its window comes, then is
+answered by the handler as if it had been held there; its client leaving, or asking more on the
+same connection meanwhile, changes nothing of what it gets or of the order of the answers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kuikproxy.web import fastpath
+from kuikproxy.web.keys import PACER
+from tests.conftest import HOST, ProxyFactory, head
+from tests.upstream_app import MANIFEST_TYPE, Registry
+from tests.web.raw import exchange
+
+pytestmark = [
+    pytest.mark.looptime,
+    pytest.mark.skipif(
+        not fastpath.SUPPORTED,
+        reason="an aiohttp release the fast path does not know: held aiohttp's way",
+    ),
+]
+
+INTERVAL = 0.2
+
+
+def request(ref: str, resource: str, method: str = "HEAD", target: str = "") -> bytes:
+    target = target or f"/v2/app/manifests/{ref}?ns={HOST}"
+    return (
+        f"{method} {target} HTTP/1.1\r\nHost: kuik.test\r\nAccept: {MANIFEST_TYPE}\r\n"
+        f"Kuik-Resource: {resource}\r\n\r\n"
+    ).encode()
+
+
+async def test_a_parked_read_has_no_task_until_its_window_then_is_answered(
+    proxy: ProxyFactory, registry: tuple[Registry, object]
+) -> None:
+    fake, _ = registry
+    client = await proxy()
+    pacer = client.server.app[PACER]
+    assert client.host is not None and client.port is not None
+    streams = [await asyncio.open_connection(client.host, client.port) for _ in range(5)]
+    await asyncio.sleep(0)  # each connection's own task (aiohttp's start()) has started
+    tasks = len(asyncio.all_tasks())
+    for n, (_, writer) in enumerate(streams):
+        writer.write(request(f"v{n}", f"r{n}"))  # a HEAD and a GET: both are parked
+        writer.write(request(f"w{n}", f"r{n}", method="GET"))
+    await asyncio.sleep(INTERVAL / 4)
+    assert pacer.held() == 5  # the GETs wait behind their connection's HEAD
+    assert len(asyncio.all_tasks()) == tasks  # no handler for any of them yet
+    for reader, writer in streams:
+        for _ in range(2):
+            status = await reader.readline()
+            assert status.startswith(b"HTTP/1.1 200"), status
+            length = 0
+            while (line := await reader.readline()) != b"\r\n":
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            if _ == 1:
+                await reader.readexactly(length)  # the GET's body
+        writer.close()
+    assert len(fake.reads()) == 10
+    assert pacer.held() == 0
+
+
+async def test_a_request_behind_a_parked_one_is_answered_after_it(
+    proxy: ProxyFactory, registry: tuple[Registry, object]
+) -> None:
+    """Pipelined: a read that waits, then a kept answer and a route of its own: three answers
+    in order, the first after its window."""
+    fake, _ = registry
+    client = await proxy()
+    assert (await head(client, "kept", "warm")).status == 200
+    assert client.host is not None and client.port is not None
+    data = request("later", "r1") + request("kept", "r2") + request("", "r3", "GET", "/healthz")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    result = await exchange(client.host, client.port, data, heads=2, expect=3)
+    assert [r.status for r in result.responses] == [200, 200, 200]
+    assert result.responses[0].headers["Docker-Content-Digest"].startswith("sha256:")
+    assert result.responses[2].headers["Content-Type"].startswith("application/json")
+    assert loop.time() - started >= INTERVAL / 2  # the first waited for its window
+    assert len(fake.reads()) == 2
+
+
+async def test_a_client_that_leaves_while_parked_is_counted_and_its_ask_stands(
+    proxy: ProxyFactory, registry: tuple[Registry, object]
+) -> None:
+    fake, _ = registry
+    client = await proxy()
+    pacer = client.server.app[PACER]
+    assert client.host is not None and client.port is not None
+    _, writer = await asyncio.open_connection(client.host, client.port)
+    writer.write(request("gone", "r1"))
+    await asyncio.sleep(INTERVAL / 4)
+    assert pacer.held() == 1
+    writer.close()
+    await asyncio.sleep(0.01)  # the server hears the connection close
+    assert pacer.held() == 0
+    metrics = await (await client.get("/metrics")).text()
+    assert 'code="cancelled"' in metrics
+    await asyncio.sleep(INTERVAL * 2)
+    assert len(fake.reads()) == 1  # its standing ask, read at the window (P11)
+    assert pacer.tasks == set()
+
+
+async def test_a_read_refused_as_it_is_parsed_is_refused_once_by_its_handler(
+    proxy: ProxyFactory,
+) -> None:
+    """Its window is further than ``maxHold``: admission refuses it as aiohttp parses it, and
+    its handler gives the refusal, counted once (§12)."""
+    client = await proxy("check: {interval: 10s, maxHold: 300ms}")
+    assert client.host is not None and client.port is not None
+    result = await exchange(client.host, client.port, request("far", "r1"), heads=1)
+    (refused,) = result.responses
+    assert refused.status == 429 and int(refused.headers["Retry-After"]) >= 1
+    status = await (await client.get("/status")).json()
+    assert status["registries"][HOST]["refused"] == {"maxHold": 1}
+    assert client.server.app[PACER].held() == 0
