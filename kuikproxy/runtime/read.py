@@ -100,6 +100,11 @@ class Read:
             return early
         return True
 
+    def parked_on(self, future: asyncio.Future[Any]) -> bool:
+        """Whether admission parked this read on ``future`` and it was not entered since."""
+        early = self._early
+        return isinstance(early, Waiter) and early.future is future
+
     def abandon(self) -> None:
         """Its client left before the read was entered: what admission gave up for it, as a
         handler cancelled while it waits would (P11: a parked read stands its ask)."""

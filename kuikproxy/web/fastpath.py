@@ -18,6 +18,7 @@ this module knows (:data:`SUPPORTED`).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from functools import lru_cache
 from http import HTTPStatus
 from typing import Any
@@ -59,6 +60,7 @@ def supported(release: str) -> bool:
 SUPPORTED = supported(aiohttp.__version__)
 
 REASONS = {status.value: status.phrase for status in HTTPStatus}
+_NO_CONTEXT = contextvars.Context()  # what a parked read's callback runs in: it reads no var
 CHECK = "Check"  # the operation label of kuik_proxy_requests_total, as the handler writes it
 
 
@@ -98,7 +100,7 @@ class Protocol(RequestHandler):
     """aiohttp's protocol, answering kept answers as their requests are parsed, and parking a
     read that waits for its window before aiohttp makes anything of it."""
 
-    __slots__ = ("_early",)
+    __slots__ = ("_early", "_early_message")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -106,7 +108,8 @@ class Protocol(RequestHandler):
         # the first message's read, admitted as it was parsed (:meth:`Read.admit_now`), until
         # its handler takes it (:func:`admitted`); ``start()`` is woken for it once it is
         # decided, so a parked read has no task, request or frame of aiohttp's meanwhile
-        self._early: tuple[RawRequestMessage, Read] | None = None
+        self._early: Read | None = None
+        self._early_message: RawRequestMessage | None = None
 
     def data_received(self, data: bytes) -> None:
         waiter = self._waiter
@@ -149,11 +152,12 @@ class Protocol(RequestHandler):
         if not isinstance(head, bytes):
             read, admitted = head
             if self._early is not None:  # one whose handler never came (aiohttp refused it)
-                self._early[1].abandon()
-            entry = self._early = (message, read)
+                self._early.abandon()
+            self._early, self._early_message = read, message
             if isinstance(admitted, bool) or admitted.future.done():
                 return False
-            admitted.future.add_done_callback(lambda _: self._decided(entry))
+            # a bound method, run in no copy of the context: a parked read's whole cost counts
+            admitted.future.add_done_callback(self._decided, context=_NO_CONTEXT)
             return admitted
         self._messages.popleft()
         assert self._parser is not None  # only None once the connection is lost
@@ -169,29 +173,37 @@ class Protocol(RequestHandler):
             self._keepalive_handle = loop.call_at(close_time, self._process_keepalive)
         return True
 
-    def _decided(self, entry: tuple[RawRequestMessage, Read]) -> None:
+    def _decided(self, future: asyncio.Future[Any]) -> None:
         """A parked read's window (or refusal) came: ``start()`` takes its message now — unless
         its handler has it already (more data woke ``start()`` meanwhile) or the client left."""
-        waiter = self._waiter
-        if self._early is entry and waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        waiter, early = self._waiter, self._early
+        if early is not None and early.parked_on(future) and waiter is not None:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def admitted(self, message: object) -> Read | None:
         """The read admitted for ``message`` as it was parsed, if it was: its handler's now."""
         early = self._early
-        if early is None or early[0] is not message:
+        if early is None or self._early_message is not message:
             return None
-        self._early = None
-        return early[1]
+        self._early = self._early_message = None
+        return early
+
+    def close(self) -> None:
+        """Asked to close when idle (a server stopping): a parked read is a request under way,
+        answered first (aiohttp's own close would drop its message with the idle waiter)."""
+        if self._early is None:
+            super().close()
+        else:
+            self._close = True  # ``start()`` ends after its answer
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        early, self._early = self._early, None
+        early, self._early, self._early_message = self._early, None, None
         if early is not None:  # its client left before a handler took it: as if cancelled
-            read = early[1]
-            read.abandon()
+            early.abandon()
             server = self._manager
             if isinstance(server, Server):
-                server.answers.cancelled(read.request)
+                server.answers.cancelled(early.request)
         super().connection_lost(exc)
 
 

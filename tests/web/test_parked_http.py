@@ -119,3 +119,21 @@ async def test_a_read_refused_as_it_is_parsed_is_refused_once_by_its_handler(
     status = await (await client.get("/status")).json()
     assert status["registries"][HOST]["refused"] == {"maxHold": 1}
     assert client.server.app[PACER].held() == 0
+
+
+async def test_a_parked_read_is_answered_503_when_the_server_stops(
+    proxy: ProxyFactory, registry: tuple[Registry, object]
+) -> None:
+    """The whole stop ``kuikproxy serve`` makes (the runner's cleanup: idle connections closed
+    first, then held requests answered 503): a parked read is a request under way, answered
+    before its connection closes, not an idle connection dropped."""
+    fake, _ = registry
+    client = await proxy("check: {interval: 1h}")
+    assert client.host is not None and client.port is not None
+    answer = asyncio.ensure_future(exchange(client.host, client.port, request("v1", "r1"), heads=1))
+    await asyncio.sleep(0.1)
+    assert client.server.app[PACER].held() == 1
+    await client.server.runner.cleanup()
+    result = await answer
+    assert [r.status for r in result.responses] == [503]
+    assert fake.reads() == []
