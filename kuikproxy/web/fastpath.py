@@ -177,9 +177,10 @@ class Protocol(RequestHandler):
         """A parked read's window (or refusal) came: ``start()`` takes its message now — unless
         its handler has it already (more data woke ``start()`` meanwhile) or the client left."""
         waiter, early = self._waiter, self._early
-        if early is not None and early.parked_on(future) and waiter is not None:
-            if not waiter.done():
-                waiter.set_result(None)
+        if waiter is None or waiter.done() or early is None:
+            return
+        if early.parked_on(future):
+            waiter.set_result(None)
 
     def admitted(self, message: object) -> Read | None:
         """The read admitted for ``message`` as it was parsed, if it was: its handler's now."""
