@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 from functools import lru_cache
 from http import HTTPStatus
 from typing import Any
@@ -36,6 +37,8 @@ from kuikproxy.runtime.parking import Waiter
 from kuikproxy.runtime.read import Read
 from kuikproxy.web.classify import classify
 from kuikproxy.web.keys import CURRENT, METRICS, PACER
+
+log = logging.getLogger(__name__)
 
 # The aiohttp release whose protocol this module was written against and is tested with. What
 # it relies on there is private: the queue of parsed messages that ``start()`` takes from, the
@@ -283,7 +286,11 @@ class KeptHeads:
         answer = pacer.reuse(read) if method == "HEAD" else None
         if answer is None:
             reading = pacer.read(read, connection)
-            admitted = reading.admit_now()
+            try:
+                admitted = reading.admit_now()
+            except Exception:  # a fault of ours: the handler's way, which answers it 500
+                log.exception("admitting %s %s", method, message.path[:200])
+                return None
             return None if admitted is False else (reading, admitted)
         ns = target.host if target.by_ns else None
         head = _head(answer.status, answer.headers, ns)
