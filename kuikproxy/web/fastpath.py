@@ -1,4 +1,4 @@
-"""Kept answers given in aiohttp's protocol, before aiohttp makes a request of them.
+"""Registry reads taken in aiohttp's protocol, before aiohttp makes a request of them.
 
 A check that a kept answer serves (R1) is most of what kuikproxy answers, and the runtime
 decides it without awaiting anything. aiohttp makes a request object, a task, a match, a
@@ -9,10 +9,16 @@ which looks at the requests it has just parsed while the connection has nothing 
 way: a plain ``HEAD`` of a registry path that :meth:`Pacer.reuse
 <kuikproxy.runtime.pacer.Pacer.reuse>` answers from a kept answer is written back at once,
 byte for byte what aiohttp would have written (its ``Date`` and ``Server`` included), and
-counted as the handler counts it. Anything else goes aiohttp's way untouched — every other
-method, route, version or header, a refusal, a request that would wait, a pipelined request
-behind one that goes that way — and so does everything when aiohttp's protocol is not the one
-this module knows (:data:`SUPPORTED`).
+counted as the handler counts it.
+
+A plain ``HEAD`` or ``GET`` of an image that no kept answer serves is admitted there too, when
+admission awaits nothing (:meth:`Read.admit_now <kuikproxy.runtime.read.Read.admit_now>`): one
+that waits for its window is parked as a parsed message, with no handler, task or request
+object of aiohttp's until its window comes (the same objects held for every waiting request
+are what a held request costs: ``bench/RESULTS.md`` §2); its handler then carries out the
+decision made (:func:`admitted`). Anything else goes aiohttp's way untouched — every other
+method, route, version or header, a pipelined request behind one that goes that way — and so
+does everything when aiohttp's protocol is not the one this module knows (:data:`SUPPORTED`).
 """
 
 from __future__ import annotations
@@ -77,7 +83,7 @@ def serve_kept_answers(app: web.Application) -> None:
     def make_handler(**kwargs: Any) -> web.Server:
         made = make(**kwargs)  # aiohttp's server for the app, as configured
         return Server(
-            KeptHeads(app),
+            AsParsed(app),
             made.request_handler,
             request_factory=made.request_factory,
             handler_cancellation=made.handler_cancellation,
@@ -91,7 +97,7 @@ def serve_kept_answers(app: web.Application) -> None:
 class Server(web.Server):
     """aiohttp's low-level server, whose connections are :class:`Protocol` s."""
 
-    def __init__(self, answers: KeptHeads, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, answers: AsParsed, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.answers = answers
 
@@ -121,7 +127,8 @@ class Protocol(RequestHandler):
             super().data_received(data)
             return
         # ``start()`` idles on the waiter, every earlier answer written: parse without waking
-        # it, answer what can be answered here, then hand it the rest, in order
+        # it, answer what can be answered here, then hand it the rest, in order — once the
+        # first of the rest is decided, if it is parked for its window
         self._waiter = None
         try:
             super().data_received(data)
@@ -149,11 +156,11 @@ class Protocol(RequestHandler):
         transport = self.transport
         if transport is None or not isinstance(message, RawRequestMessage):
             return False  # a message aiohttp could not parse is its own to answer
-        head = server.answers.head(message, payload, transport, self)
-        if head is None:
+        taken = server.answers.take(message, payload, transport, self)
+        if taken is None:
             return False
-        if not isinstance(head, bytes):
-            read, admitted = head
+        if not isinstance(taken, bytes):
+            read, admitted = taken
             if self._early is not None:  # one whose handler never came (aiohttp refused it)
                 self._early.abandon()
             self._early, self._early_message = read, message
@@ -166,7 +173,7 @@ class Protocol(RequestHandler):
         assert self._parser is not None  # only None once the connection is lost
         self._parser.message_consumed()
         server.requests_count += 1
-        transport.write(head)
+        transport.write(taken)
         # as ``start()`` does after an answer it keeps the connection open for
         self._keepalive = True
         loop = self._loop
@@ -232,17 +239,19 @@ class _Messages(list[Any]):
         return self.pop(0)
 
 
-class KeptHeads:
-    """What :class:`Protocol` answers, from the application's runtime: a plain ``HEAD`` of an
-    image (the edge's :func:`~kuikproxy.web.routes.registry` would classify it a check) when
-    :meth:`Pacer.reuse <kuikproxy.runtime.pacer.Pacer.reuse>` gives its kept answer."""
+class AsParsed:
+    """What :class:`Protocol` does with a request it has just parsed, from the application's
+    runtime: a plain ``HEAD`` of an image (the edge's :func:`~kuikproxy.web.routes.registry`
+    would classify it a check) answered when :meth:`Pacer.reuse
+    <kuikproxy.runtime.pacer.Pacer.reuse>` gives its kept answer; a plain ``HEAD`` or ``GET``
+    of an image otherwise admitted, if that awaits nothing."""
 
     __slots__ = ("_app",)
 
     def __init__(self, app: web.Application) -> None:
         self._app = app  # read per request: the runtime is made when the application starts
 
-    def head(
+    def take(
         self,
         message: RawRequestMessage,
         payload: object,

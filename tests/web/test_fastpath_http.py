@@ -27,14 +27,14 @@ def fast(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
     """Whether each request the fast path looked at was answered there, in order (a read it
     only admitted, to be parked or answered by the handler, was not)."""
     answered: list[bool] = []
-    head = fastpath.KeptHeads.head
+    take = fastpath.AsParsed.take
 
-    def spy(self: fastpath.KeptHeads, *args: object) -> object:
-        result = head(self, *args)  # type: ignore[arg-type]
+    def spy(self: fastpath.AsParsed, *args: object) -> object:
+        result = take(self, *args)  # type: ignore[arg-type]
         answered.append(isinstance(result, bytes))
         return result
 
-    monkeypatch.setattr(fastpath.KeptHeads, "head", spy)
+    monkeypatch.setattr(fastpath.AsParsed, "take", spy)
     yield answered
 
 
