@@ -32,6 +32,7 @@ class Waiter:
     future: asyncio.Future[Answer | Go]
     place: Place  # its place in its flow's queues while it waits (§10)
     parking: Parking  # where it is parked, to be let out of by its client
+    since: float  # loop time it was parked: its wait is told from here (Pacer.waits)
     expiry: asyncio.TimerHandle | None = None
 
 
@@ -130,7 +131,8 @@ class Parking:
     ) -> Waiter:
         """Park ``request`` for ``ticket``'s window; ``expired`` is called at ``expire_at``
         (maxHold). Its client awaits ``future`` and calls :meth:`unpark` when it stops."""
-        waiter = Waiter(ticket, request, self.loop.create_future(), place, self)
+        loop = self.loop
+        waiter = Waiter(ticket, request, loop.create_future(), place, self, loop.time())
         if self._waiters is None:
             self._waiters = {}
         self._waiters[ticket] = waiter

@@ -304,13 +304,12 @@ class _Held(Generator[Any, None, Reply]):
     the wait ends (P11), the wait told to ``Pacer.waits``, a read released to go upstream
     continued in :meth:`Read._upstream`."""
 
-    __slots__ = ("_read", "_since", "_then", "_wait", "_waiter")
+    __slots__ = ("_read", "_then", "_wait", "_waiter")
 
     def __init__(self, read: Read, waiter: Waiter) -> None:
         self._read = read
         self._waiter: Waiter | None = waiter  # None once unparked
         self._wait = waiter.future.__await__()  # yields the future while it is pending
-        self._since = waiter.parking.loop.time()
         self._then: Coroutine[Any, Any, Reply] | None = None  # the read sent upstream
 
     def __await__(self) -> Generator[Any, None, Reply]:
@@ -332,7 +331,7 @@ class _Held(Generator[Any, None, Reply]):
         waiter = self._unpark(cancelled=False)
         request = waiter.request
         for waited in self._read._pacer.waits:
-            waited(request.host, request.operation, waiter.parking.loop.time() - self._since)
+            waited(request.host, request.operation, waiter.parking.loop.time() - waiter.since)
         if isinstance(outcome, Answer):
             raise StopIteration(Reply(answer=outcome))
         self._then = self._read._upstream(outcome)

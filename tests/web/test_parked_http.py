@@ -137,3 +137,18 @@ async def test_a_parked_read_is_answered_503_when_the_server_stops(
     result = await answer
     assert [r.status for r in result.responses] == [503]
     assert fake.reads() == []
+
+
+async def test_a_parked_reads_wait_is_told_from_when_it_was_parked(proxy: ProxyFactory) -> None:
+    """The wait ``Pacer.waits`` is told (the wait histogram) runs from the parking, not from
+    when the handler took the read."""
+    client = await proxy("check: {interval: 1s}")
+    waited: list[float] = []
+    client.server.app[PACER].waits.append(lambda host, operation, seconds: waited.append(seconds))
+    assert client.host is not None and client.port is not None
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    result = await exchange(client.host, client.port, request("v1", "r1"), heads=1)
+    assert [r.status for r in result.responses] == [200]
+    assert waited == [pytest.approx(loop.time() - started, abs=0.01)]
+    assert waited[0] >= 0.5
