@@ -6,6 +6,7 @@ same connection meanwhile, changes nothing of what it gets or of the order of th
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
@@ -152,3 +153,44 @@ async def test_a_parked_reads_wait_is_told_from_when_it_was_parked(proxy: ProxyF
     assert [r.status for r in result.responses] == [200]
     assert waited == [pytest.approx(loop.time() - started, abs=0.01)]
     assert waited[0] >= 0.5
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_clients_that_pipeline_and_leave_at_random_leave_nothing_behind(
+    proxy: ProxyFactory, seed: int
+) -> None:
+    """Twenty clients on four resources: most ask one to three images pipelined on one
+    connection (kept ones and new ones), the rest ask one and leave at a random moment. Every
+    client that stays gets its answers in order; afterwards nothing is held, parked or
+    running, whatever the interleaving."""
+    rng = random.Random(seed)
+    client = await proxy()
+    pacer = client.server.app[PACER]
+    assert (await head(client, "k0", "warm")).status == 200
+    host, port = client.host, client.port
+    assert host is not None and port is not None
+
+    async def stays(n: int, refs: list[str]) -> None:
+        data = b"".join(request(ref, f"r{n % 4}") for ref in refs)
+        result = await exchange(host, port, data, heads=len(refs), expect=len(refs), timeout=60)
+        assert [r.status for r in result.responses] == [200] * len(refs), (n, refs)
+
+    async def leaves(n: int, after: float) -> None:
+        _, writer = await asyncio.open_connection(host, port)
+        writer.write(request(f"gone{n}", f"r{n % 4}"))
+        await asyncio.sleep(after)
+        writer.close()
+
+    clients = []
+    for n in range(20):
+        if rng.random() < 0.7:
+            refs = [rng.choice(["k0", f"n{n}-{i}"]) for i in range(rng.randint(1, 3))]
+            clients.append(stays(n, refs))
+        else:
+            clients.append(leaves(n, rng.uniform(0, 3 * INTERVAL)))
+    await asyncio.gather(*clients)
+    await asyncio.sleep(40 * INTERVAL)  # the standing asks of those who left, read
+    assert pacer.held() == 0
+    assert pacer.tasks == set()
+    status = await (await client.get("/status")).json()
+    assert status["registries"][HOST]["check"]["waiting"] == 0
