@@ -60,7 +60,10 @@ class Read:
         if early is not None:
             self._early = None
             if isinstance(early, RegistryError):
-                raise early
+                try:
+                    raise early
+                finally:  # not left in this frame, which its traceback holds: a cycle
+                    del early
             return self._then(early)
         pacer = self._pacer
         if pacer.closed:
@@ -92,7 +95,9 @@ class Read:
         try:
             early = self._early = pacer.admit(request)
         except RegistryError as refused:  # raised when entered, as entering would have
-            self._early = refused
+            # without its traceback, whose frames (this one holds the read) it would otherwise
+            # keep until raised again
+            self._early = refused.with_traceback(None)
             return True
         if isinstance(early, Waiter):
             if self._connection is not None:

@@ -26,7 +26,9 @@ def held() -> tuple[_Held, Any, Parking, list[tuple[str, str, float]]]:
     loop = asyncio.get_running_loop()
     parking, waits = Parking(loop), []
     request = SimpleNamespace(host="reg.test", operation="check")
-    waiter = SimpleNamespace(future=loop.create_future(), parking=parking, request=request)
+    waiter = SimpleNamespace(
+        future=loop.create_future(), parking=parking, request=request, since=loop.time()
+    )
     pacer = SimpleNamespace(waits=[lambda host, op, s: waits.append((host, op, s))])
     read = SimpleNamespace(_pacer=pacer)
     return _Held(read, waiter), waiter, parking, waits  # type: ignore[arg-type]

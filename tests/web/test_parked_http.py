@@ -6,10 +6,13 @@ same connection meanwhile, changes nothing of what it gets or of the order of th
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
+from types import FrameType
 
 import pytest
 
+from kuikproxy.runtime.read import Read
 from kuikproxy.web import fastpath
 from kuikproxy.web.keys import PACER
 from tests.conftest import HOST, ProxyFactory, head
@@ -194,3 +197,29 @@ async def test_clients_that_pipeline_and_leave_at_random_leave_nothing_behind(
     assert pacer.tasks == set()
     status = await (await client.get("/status")).json()
     assert status["registries"][HOST]["check"]["waiting"] == 0
+
+
+async def test_a_refusal_made_as_a_request_is_parsed_leaves_no_garbage_cycle(
+    proxy: ProxyFactory,
+) -> None:
+    """The refusal travels from admission to its handler as an exception object, kept and
+    raised again: neither end leaves it in a frame its traceback holds (a cycle per refusal,
+    which a flood of refusals piled up for the collector: RSS 59 → 72 MiB over 28,000)."""
+    client = await proxy(top="limits: {maxResources: 1}")
+    assert (await head(client, "v1", "first")).status == 200  # the one resource there may be
+    assert client.host is not None and client.port is not None
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds unreachable is kept to look at
+    try:
+        for n in range(5):
+            result = await exchange(client.host, client.port, request("v1", f"r{n}"), heads=1)
+            assert result.first.status == 503  # maxResources
+        await asyncio.sleep(0.01)
+        gc.collect()
+        ours = [o for o in gc.garbage if isinstance(o, (BaseException, Read, FrameType))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert ours == []
