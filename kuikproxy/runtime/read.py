@@ -351,7 +351,10 @@ class _Held(Generator[Any, None, Reply]):
             return self._then.throw(error)
         if self._waiter is not None:
             self._unpark(cancelled=isinstance(error, asyncio.CancelledError))
-        raise error
+        try:
+            raise error
+        finally:  # not left in this frame, which its traceback holds: a cycle
+            del error
 
     def close(self) -> None:
         if self._then is not None:
