@@ -11,6 +11,7 @@ import random
 from types import FrameType
 
 import pytest
+from aiohttp.test_utils import TestClient
 
 from kuikproxy.runtime.read import Read
 from kuikproxy.web import fastpath
@@ -30,6 +31,12 @@ pytestmark = [
 INTERVAL = 0.2
 
 
+def endpoint(client: TestClient[object, object]) -> tuple[str, int]:
+    """Where the proxy under test listens, for raw connections."""
+    assert client.host is not None and client.port is not None
+    return client.host, client.port
+
+
 def request(ref: str, resource: str, method: str = "HEAD", target: str = "") -> bytes:
     target = target or f"/v2/app/manifests/{ref}?ns={HOST}"
     return (
@@ -44,8 +51,8 @@ async def test_a_parked_read_has_no_task_until_its_window_then_is_answered(
     fake, _ = registry
     client = await proxy()
     pacer = client.server.app[PACER]
-    assert client.host is not None and client.port is not None
-    streams = [await asyncio.open_connection(client.host, client.port) for _ in range(5)]
+    host, port = endpoint(client)
+    streams = [await asyncio.open_connection(host, port) for _ in range(5)]
     await asyncio.sleep(0)  # each connection's own task (aiohttp's start()) has started
     tasks = len(asyncio.all_tasks())
     for n, (_, writer) in enumerate(streams):
@@ -77,11 +84,11 @@ async def test_a_request_behind_a_parked_one_is_answered_after_it(
     fake, _ = registry
     client = await proxy()
     assert (await head(client, "kept", "warm")).status == 200
-    assert client.host is not None and client.port is not None
+    host, port = endpoint(client)
     data = request("later", "r1") + request("kept", "r2") + request("", "r3", "GET", "/healthz")
     loop = asyncio.get_running_loop()
     started = loop.time()
-    result = await exchange(client.host, client.port, data, heads=2, expect=3)
+    result = await exchange(host, port, data, heads=2, expect=3)
     assert [r.status for r in result.responses] == [200, 200, 200]
     assert result.responses[0].headers["Docker-Content-Digest"].startswith("sha256:")
     assert result.responses[2].headers["Content-Type"].startswith("application/json")
@@ -95,8 +102,8 @@ async def test_a_client_that_leaves_while_parked_is_counted_and_its_ask_stands(
     fake, _ = registry
     client = await proxy()
     pacer = client.server.app[PACER]
-    assert client.host is not None and client.port is not None
-    _, writer = await asyncio.open_connection(client.host, client.port)
+    host, port = endpoint(client)
+    _, writer = await asyncio.open_connection(host, port)
     writer.write(request("gone", "r1"))
     await asyncio.sleep(INTERVAL / 4)
     assert pacer.held() == 1
@@ -116,8 +123,8 @@ async def test_a_read_refused_as_it_is_parsed_is_refused_once_by_its_handler(
     """Its window is further than ``maxHold``: admission refuses it as aiohttp parses it, and
     its handler gives the refusal, counted once (§12)."""
     client = await proxy("check: {interval: 10s, maxHold: 300ms}")
-    assert client.host is not None and client.port is not None
-    result = await exchange(client.host, client.port, request("far", "r1"), heads=1)
+    host, port = endpoint(client)
+    result = await exchange(host, port, request("far", "r1"), heads=1)
     (refused,) = result.responses
     assert refused.status == 429 and int(refused.headers["Retry-After"]) >= 1
     status = await (await client.get("/status")).json()
@@ -133,8 +140,8 @@ async def test_a_parked_read_is_answered_503_when_the_server_stops(
     before its connection closes, not an idle connection dropped."""
     fake, _ = registry
     client = await proxy("check: {interval: 1h}")
-    assert client.host is not None and client.port is not None
-    answer = asyncio.ensure_future(exchange(client.host, client.port, request("v1", "r1"), heads=1))
+    host, port = endpoint(client)
+    answer = asyncio.ensure_future(exchange(host, port, request("v1", "r1"), heads=1))
     await asyncio.sleep(0.1)
     assert client.server.app[PACER].held() == 1
     await client.server.runner.cleanup()
@@ -149,10 +156,10 @@ async def test_a_parked_reads_wait_is_told_from_when_it_was_parked(proxy: ProxyF
     client = await proxy("check: {interval: 1s}")
     waited: list[float] = []
     client.server.app[PACER].waits.append(lambda host, operation, seconds: waited.append(seconds))
-    assert client.host is not None and client.port is not None
+    host, port = endpoint(client)
     loop = asyncio.get_running_loop()
     started = loop.time()
-    result = await exchange(client.host, client.port, request("v1", "r1"), heads=1)
+    result = await exchange(host, port, request("v1", "r1"), heads=1)
     assert [r.status for r in result.responses] == [200]
     assert waited == [pytest.approx(loop.time() - started, abs=0.01)]
     assert waited[0] >= 0.5
@@ -170,8 +177,7 @@ async def test_clients_that_pipeline_and_leave_at_random_leave_nothing_behind(
     client = await proxy()
     pacer = client.server.app[PACER]
     assert (await head(client, "k0", "warm")).status == 200
-    host, port = client.host, client.port
-    assert host is not None and port is not None
+    host, port = endpoint(client)
 
     async def stays(n: int, refs: list[str]) -> None:
         data = b"".join(request(ref, f"r{n % 4}") for ref in refs)
@@ -207,13 +213,13 @@ async def test_a_refusal_made_as_a_request_is_parsed_leaves_no_garbage_cycle(
     which a flood of refusals piled up for the collector: RSS 59 → 72 MiB over 28,000)."""
     client = await proxy(top="limits: {maxResources: 1}")
     assert (await head(client, "v1", "first")).status == 200  # the one resource there may be
-    assert client.host is not None and client.port is not None
+    host, port = endpoint(client)
     gc.collect()
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds unreachable is kept to look at
     try:
         for n in range(5):
-            result = await exchange(client.host, client.port, request("v1", f"r{n}"), heads=1)
+            result = await exchange(host, port, request("v1", f"r{n}"), heads=1)
             assert result.first.status == 503  # maxResources
         await asyncio.sleep(0.01)
         gc.collect()
