@@ -29,7 +29,7 @@ from kuikproxy.core.reuse import (
 from kuikproxy.core.tickets import Operation
 from kuikproxy.runtime.flow import Flow, FlowGate
 from kuikproxy.upstream.client import UpstreamRequest, UpstreamResponse, end_to_end
-from kuikproxy.upstream.detached import Detached
+from kuikproxy.upstream.detached import DetachedBody
 
 # R1: what a kept answer remembers of the headers, besides its status and body.
 KEPT_HEADERS = frozenset(
@@ -204,8 +204,8 @@ class Opened:
     async def read(self, limit: int) -> bytes:
         return await self.response.read(limit)
 
-    def detach(self) -> Detached | None:
-        """The rest of the body to read off the socket (a blob relayed in a thread), or None."""
+    def detach(self) -> DetachedBody | None:
+        """The rest of the body, for a blob relayed in a thread, or None."""
         return self.response.detach()
 
 

@@ -23,7 +23,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from kuikproxy.errors import Denied, UpstreamTimeout, UpstreamUnreachable
-from kuikproxy.upstream.detached import Detached, detach
+from kuikproxy.upstream.detached import DetachedBody, detach
 from kuikproxy.upstream.guard import AddressGuard, AddressRefused, GuardedResolver
 
 GUARD = "addressGuard"  # the reason of the address guard's refusals (SPEC §12)
@@ -69,8 +69,8 @@ class UpstreamResponse(Protocol):
 
     async def read(self, limit: int) -> bytes: ...
 
-    def detach(self) -> Detached | None:
-        """The rest of the body to read off the socket, or None when it cannot be (see
+    def detach(self) -> DetachedBody | None:
+        """The rest of the body to be read in a thread, or None when it cannot be (see
         :meth:`_AiohttpResponse.detach`); once detached, never :meth:`chunks` or :meth:`read`."""
         ...
 
@@ -140,7 +140,7 @@ class _AiohttpResponse:
                 raise UpstreamUnreachable(f"{self._what}: answer larger than {limit} bytes")
         return bytes(body)
 
-    def detach(self) -> Detached | None:
+    def detach(self) -> DetachedBody | None:
         """The rest of the body, taken from the loop to be read in a thread (see
         :mod:`kuikproxy.upstream.detached`), or None. Its connection is then closed when
         released, never reused."""

@@ -1,35 +1,42 @@
-"""The rest of a body read off its connection's socket by a thread, not by the loop.
+"""The rest of a body read off the loop by a thread, in pieces of a ring of buffers.
 
 Relaying a blob through the loop costs, per read of at most 256 KiB, a parser, a stream buffer,
 a wake-up, a write and their Python: profiled, the loop was the bottleneck of a relayed blob, at
-about twice the hash's cost. :func:`detach` takes a body away from the loop; its
-:class:`Detached` is read in a thread (``web.threadrelay``) with calls that let go of the GIL.
+about twice the hash's cost. :func:`detach` takes a body away from aiohttp; its body is
+taken piece by piece by a thread (``web.threadrelay``) with calls that let go of the GIL:
 
-Plain connections only. A TLS session set up by asyncio lives in its ``SSLProtocol``'s private
-state (the ``SSLObject``, its buffers, ciphertext already read), which no public API hands over:
-a TLS body stays on the loop (docs/decisions.md, "A blob relayed off the loop").
+* over a plain connection, the thread reads the socket itself (:class:`Detached`);
+* over TLS, asyncio's TLS layer stays the reader — its session is private state of the loop's
+  (docs/decisions.md, "A blob relayed off the loop") — but decrypts straight into the ring, and
+  the thread takes the pieces from there (:mod:`kuikproxy.upstream.decrypted`).
 """
 
 from __future__ import annotations
+
+import asyncio
+import queue
 
 import aiohttp
 
 from kuikproxy.errors import UpstreamTimeout, UpstreamUnreachable
 from kuikproxy.sockets import ThreadSocket
+from kuikproxy.upstream.decrypted import Decrypted
 
 # A body with at least this much still to come may be detached; a smaller one is not worth its
 # connection (a detached connection is never reused).
 DETACH_MIN = 1024 * 1024
+READ_SIZE = 1024 * 1024  # a detached body comes in pieces of at most this much
+RING = 2  # buffers of READ_SIZE per detached body: one read, one hashed and sent
 
 
 class Detached:
-    """``arrived`` (what the loop had read of the body), then ``remaining`` bytes to read with
-    :meth:`read_into` from ``sock``, whose waits are bounded by ``sock.stall`` (as aiohttp's
-    ``sock_read``) and by the request's own deadline (its timeout, which aiohttp enforced while
-    the loop read). Errors are :class:`~kuikproxy.errors.UpstreamError`\\ s. Made and closed on
+    """The rest of a body taken from aiohttp: ``arrived`` (what aiohttp had read of it), then
+    ``remaining`` bytes in pieces (:meth:`next_piece`), read by the thread from ``sock``. Its
+    waits are bounded by ``stall`` (as aiohttp's ``sock_read``) and by the request's own
+    ``deadline`` (its timeout, which aiohttp enforced while the loop read). Made and closed on
     the loop; read by one thread in between."""
 
-    __slots__ = ("_what", "arrived", "deadline", "remaining", "sock", "stall")
+    __slots__ = ("_free", "_what", "arrived", "deadline", "remaining", "sock", "stall")
 
     def __init__(
         self,
@@ -44,10 +51,15 @@ class Detached:
         self.sock, self.arrived, self.remaining = sock, arrived, remaining
         self.stall, self.deadline = stall, deadline
         self._what = what
+        self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        for _ in range(RING):
+            self._free.put(bytearray(min(READ_SIZE, remaining)))
 
-    def read_into(self, buffer: memoryview) -> int:
-        """Read at most ``len(buffer)`` bytes of the body (never past its end) into ``buffer``;
-        how many (at least one)."""
+    def next_piece(self) -> memoryview:
+        """The next piece (at least a byte, never past the end), in a buffer of the ring: it
+        stays the thread's until :meth:`release`\\ d. Errors are
+        :class:`~kuikproxy.errors.UpstreamError`\\ s."""
+        buffer = memoryview(self._free.get())  # waits for a piece to be hashed and sent
         try:
             n = self.sock.recv_into(buffer, min(len(buffer), self.remaining))
         except TimeoutError:
@@ -58,39 +70,45 @@ class Detached:
             message = f"{self._what}: broke off with {self.remaining} bytes to come"
             raise UpstreamUnreachable(message)
         self.remaining -= n
-        return n
+        return buffer[:n]
+
+    def release(self, piece: memoryview) -> None:
+        """``piece`` is done with (hashed and sent): its buffer may be read into again."""
+        self._free.put(piece.obj)  # type: ignore[arg-type]
 
     def shutdown(self) -> None:
-        """Wake a :meth:`read_into` blocked in another thread (it then fails)."""
+        """Wake a :meth:`next_piece` blocked in another thread (it then fails)."""
         self.sock.shutdown()
 
     def close(self) -> None:
         self.sock.close()
 
 
+DetachedBody = Detached | Decrypted  # the rest of a body, taken from aiohttp
+
+
 def detach(
     response: aiohttp.ClientResponse, what: str, stall: float, deadline: float | None
-) -> Detached | None:
-    """The rest of ``response``'s body, if it comes over a plain connection with a
-    ``Content-Length`` and at least :data:`DETACH_MIN` still to come, taken from the loop,
-    which reads no more of it; None otherwise (TLS, chunked, small, failed). Its connection
-    must then be closed, never reused: the parser never saw the body's end. ``deadline`` is
-    ``time.monotonic()``'s."""
+) -> DetachedBody | None:
+    """The rest of ``response``'s body, if it has a ``Content-Length`` and at least
+    :data:`DETACH_MIN` still to come, taken from aiohttp, which reads no more of it; None
+    otherwise (chunked, small, failed). Its connection must then be closed, never reused: the
+    parser never saw the body's end. ``deadline`` is ``time.monotonic()``'s."""
     connection = response.connection
     transport = None if connection is None else connection.transport
     length = response.headers.get("Content-Length", "")
     content = response.content
     if (
         transport is None
-        or transport.get_extra_info("sslcontext") is not None
         or "Transfer-Encoding" in response.headers
         or not length.isdigit()
         or int(length) - content.total_bytes < DETACH_MIN
         or content.exception() is not None
     ):
         return None
+    tls = transport.get_extra_info("sslcontext") is not None
     raw = transport.get_extra_info("socket")
-    if raw is None:
+    if not tls and raw is None:
         return None
     # synchronous from here on: what has arrived is taken and reading stops before the loop
     # runs again. Taking it may resume a paused parser, which feeds what it held: taken again
@@ -103,5 +121,10 @@ def detach(
             break
     transport.pause_reading()
     remaining = int(length) - content.total_bytes
+    if tls:
+        assert isinstance(transport, asyncio.Transport)
+        body = Decrypted(arrived, remaining, what, stall=stall, deadline=deadline)
+        body.take(transport, size=min(READ_SIZE, remaining), count=RING)
+        return body
     sock = ThreadSocket(raw.fileno(), stall, deadline)
     return Detached(sock, arrived, remaining, what, stall=stall, deadline=deadline)

@@ -2,12 +2,13 @@
 
 Profiled, the loop was the bottleneck of a relayed blob (bench/RESULTS.md §3): per read of at
 most 256 KiB, a parser callback, a stream buffer, a wake-up, a write and their Python. Once the
-headers are out, the registry's answer, when it can be (``Opened.detach``: a plain connection,
-a ``Content-Length``, at least 1 MiB to come), is read by a thread of its own into a ring of
-buffers and written to the client's socket, hashed by a second thread on the way; the last read
-is written only once the whole is known to be the digest's content (R5, §12), otherwise the
+headers are out, the registry's answer, when it can be (``Opened.detach``: a ``Content-Length``
+and at least 1 MiB to come), is taken in pieces of a ring of buffers by a thread of its own —
+read from the registry's socket by that thread, or over TLS decrypted into the ring by the loop
+— and written to the client's socket, hashed by a second thread on the way; the last piece is
+written only once the whole is known to be the digest's content (R5, §12), otherwise the
 client's connection is broken off. Every call that takes time lets go of the GIL: the loop runs
-on. Both sockets are ``dup``\\ s used without touching the loop's flags (:mod:`kuikproxy.sockets`),
+on. Sockets are ``dup``\\ s used without touching the loop's flags (:mod:`kuikproxy.sockets`),
 made and closed on the loop; the thread only reads and writes them.
 
 The client's connection stays the loop's: its headers went out through aiohttp, the thread
@@ -30,8 +31,6 @@ from typing import Protocol, cast
 from kuikproxy.core.digests import Content, Hasher
 from kuikproxy.sockets import ThreadSocket
 
-READ_SIZE = 1024 * 1024  # a blob relayed in a thread is read this much at a time, at most
-RING = 2  # buffers of READ_SIZE per blob relayed in a thread: one read or sent, one hashed
 MAX_THREADS = 64  # blobs relayed in threads at once; more go through the loop
 FLUSH_POLL = 0.001  # seconds between looks at whether the headers have gone out
 
@@ -39,14 +38,17 @@ _relaying: set[threading.Thread] = set()  # blobs being relayed in threads
 
 
 class Detached(Protocol):
-    """The rest of a body taken from the loop (what ``Opened.detach`` returns)."""
+    """The rest of a body taken from the loop (what ``Opened.detach`` returns): ``arrived``,
+    then ``remaining`` bytes in pieces of a ring of buffers (``upstream.detached``)."""
 
     arrived: bytes
     remaining: int
     stall: float  # seconds a socket may keep the thread waiting
     deadline: float | None  # time.monotonic(): the request's own end
 
-    def read_into(self, buffer: memoryview) -> int: ...
+    def next_piece(self) -> memoryview: ...
+
+    def release(self, piece: memoryview) -> None: ...
 
     def shutdown(self) -> None: ...
 
@@ -128,12 +130,7 @@ async def _ended(finished: asyncio.Future[bool | BaseException]) -> None:
 
 def _pump(body: Detached, sink: ThreadSocket, hashing: Hasher, check: Content) -> bool:
     """``body`` to ``sink``: what had arrived, then the rest; the last piece is sent only once
-    the whole is known to hash to ``check`` (whether it did).
-
-    Reads go into a ring of :data:`RING` buffers (no allocation per read), hashed by a second
-    thread while this one sends them: hashing in turn with the reads and writes held the relay
-    to the hash's pace plus theirs. A buffer is read into again only once it is both hashed
-    and sent."""
+    the whole is known to hash to ``check`` (whether it did)."""
     hashing.update(body.arrived)
     last = memoryview(body.arrived)
     if body.remaining:
@@ -146,31 +143,34 @@ def _pump(body: Detached, sink: ThreadSocket, hashing: Hasher, check: Content) -
 
 
 def _ring(body: Detached, sink: ThreadSocket, hashing: Hasher) -> memoryview:
-    """Every read of ``body`` hashed, and sent but the last one, which is returned hashed."""
-    size = min(READ_SIZE, body.remaining)
-    free: queue.SimpleQueue[memoryview] = queue.SimpleQueue()
-    for _ in range(RING):
-        free.put(memoryview(bytearray(size)))
-    todo: queue.SimpleQueue[tuple[memoryview, memoryview] | None] = queue.SimpleQueue()
+    """Every piece of ``body`` hashed, and sent but the last one, which is returned hashed.
+
+    A second thread hashes the pieces while this one sends them (hashing in turn with the reads
+    and writes held the relay to the hash's pace plus theirs), and releases each to the body's
+    ring once it is both hashed and sent: only then may it be read into again."""
+    todo: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
+    sent: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()  # in the order of todo
 
     def hash_all() -> None:
-        while (work := todo.get()) is not None:
-            buffer, piece = work
+        while (piece := todo.get()) is not None:
             hashing.update(cast(bytes, piece))  # hashlib takes any buffer: no copy
-            free.put(buffer)
+            if sent.get() is None:  # the last piece, kept back, or the relay's end
+                return
+            body.release(piece)
 
     hasher = threading.Thread(target=hash_all, name="kuik-blob-hash", daemon=True)
     hasher.start()
     try:
         while True:
-            buffer = free.get()
-            piece = buffer[: body.read_into(buffer)]
-            todo.put((buffer, piece))
+            piece = body.next_piece()
+            todo.put(piece)
             if not body.remaining:
                 return piece
             _send(sink, piece)
+            sent.put(piece)
     finally:
         todo.put(None)
+        sent.put(None)
         hasher.join()
 
 

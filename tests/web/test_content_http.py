@@ -25,8 +25,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
-from kuikproxy.upstream.detached import DETACH_MIN
-from kuikproxy.web import threadrelay
+from kuikproxy.upstream.detached import DETACH_MIN, READ_SIZE
 from tests.certs import self_signed
 from tests.upstream_app import MANIFEST_TYPE, digest_of
 
@@ -277,7 +276,7 @@ def flipped(body: bytes, at: int) -> bytes:
 
 @pytest.mark.parametrize(
     "size",
-    [1, DETACH_MIN - 1, DETACH_MIN, DETACH_MIN + 1, 2 * threadrelay.READ_SIZE, 3 * 2**20 + 7],
+    [1, DETACH_MIN - 1, DETACH_MIN, DETACH_MIN + 1, 2 * READ_SIZE, 3 * 2**20 + 7],
 )
 @pytest.mark.parametrize("wrong", [None, 0, -1], ids=["honest", "first-byte", "last-byte"])
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
@@ -308,7 +307,7 @@ async def test_a_registry_that_breaks_off_mid_blob_breaks_the_client_off(
 ) -> None:
     """A blob relayed in a thread whose registry breaks off: the client's answer is broken
     off too (never a clean end), and the next read of the blob is served whole."""
-    body = blob_of(4 * threadrelay.READ_SIZE)
+    body = blob_of(4 * READ_SIZE)
     digest = digest_of(body)
     client, fake = await start(tls=tmp_path if tls else None)
     fake.lies[digest] = Lie(body[: len(body) // 2], digest, cut=True)

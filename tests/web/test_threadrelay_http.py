@@ -2,8 +2,9 @@
 client's connection is the loop's again afterwards (kept alive, its next requests answered, its
 socket still non-blocking), and every way it can end early — the client leaves, the registry
 stalls past ``copy.timeout``, SIGTERM's shutdown grace runs out — ends the thread and both
-connections, leaving no thread, descriptor or task behind. A TLS registry's blob stays on the
-loop (docs/decisions.md, "A blob relayed off the loop").
+connections, leaving no thread, descriptor or task behind. Each for a plain registry, read by
+the thread itself, and a TLS one, whose body the loop decrypts into the thread's ring
+(kuikproxy.upstream.decrypted).
 
 Content checks (a byte wrong at either end, a registry that breaks off) are in
 test_content_http.py, for both paths.
@@ -27,6 +28,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
 from kuikproxy.upstream.client import STALL_TIMEOUT
+from kuikproxy.upstream.detached import READ_SIZE
 from kuikproxy.web import relay, threadrelay
 from kuikproxy.web.server import SHUTDOWN_GRACE
 from tests.web.test_content_http import HOST, Lie, LyingRegistry, blob_of, digest_of, serve_lying
@@ -35,7 +37,7 @@ pytestmark = pytest.mark.looptime
 
 Client = TestClient[Any, Any]
 Start = Callable[..., Awaitable[tuple[Client, LyingRegistry]]]
-BODY = blob_of(4 * threadrelay.READ_SIZE)
+BODY = blob_of(4 * READ_SIZE)
 DIGEST = digest_of(BODY)
 
 
@@ -132,13 +134,14 @@ async def get_blob(client: Client) -> tuple[asyncio.StreamReader, asyncio.Stream
     return reader, writer
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 async def test_the_clients_connection_serves_its_next_requests_after_a_blob_in_a_thread(
-    start: Start, relays: list[threading.Thread]
+    start: Start, tmp_path: Path, relays: list[threading.Thread], tls: bool
 ) -> None:
     """A keep-alive client: the blob relayed in a thread, then the same blob again and a
     small one on the same connection — sent before the first answer ended (pipelined) — all
     whole; the connection's socket is still non-blocking for the loop, and still open."""
-    client, fake = await start()
+    client, fake = await start(tls=tmp_path if tls else None)
     small = blob_of(5000)
     fake.lies[DIGEST] = Lie(BODY, DIGEST)
     fake.lies[digest_of(small)] = Lie(small, digest_of(small))
@@ -161,15 +164,14 @@ async def test_a_client_that_leaves_mid_blob_frees_the_thread_and_both_connectio
     start: Start, tmp_path: Path, relays: list[threading.Thread], tls: bool
 ) -> None:
     """A client that leaves in the middle of a blob: its relay's threads end, the registry's
-    connection is closed, not left to stall, and no thread, descriptor or task is left over.
-    A TLS registry's blob is relayed on the loop, and ends the same way."""
+    connection is closed, not left to stall, and no thread, descriptor or task is left over."""
     client, fake = await start(tls=tmp_path if tls else None)
     fake.lies[DIGEST] = Lie(BODY, DIGEST, stall=True)
     before = census()
     reader, writer = await get_blob(client)
-    size = threadrelay.READ_SIZE
+    size = READ_SIZE
     assert await reader.readexactly(size) == BODY[:size]
-    assert len(relays) == (0 if tls else 1)
+    assert len(relays) == 1
     writer.close()
     upstream = fake.transports[-1]
     await settled(lambda: upstream is None or upstream.is_closing(), "registry's end closed")
@@ -178,18 +180,19 @@ async def test_a_client_that_leaves_mid_blob_frees_the_thread_and_both_connectio
     await settled(lambda: census() == before, f"{census()} back to {before}")
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 async def test_shutdown_cancels_a_blob_in_a_thread_at_the_end_of_its_grace(
-    start: Start, relays: list[threading.Thread]
+    start: Start, tmp_path: Path, relays: list[threading.Thread], tls: bool
 ) -> None:
     """SIGTERM (``serve`` then cleans its runner up) in the middle of a blob whose registry
     stalls: the blob has the shutdown grace to end, then its handler is cancelled; the thread
     wakes then (not at the registry's stall timeout), the client's connection is broken off
     (never a clean end), and no thread, descriptor or task is left over."""
-    client, fake = await start()
+    client, fake = await start(tls=tmp_path if tls else None)
     fake.lies[DIGEST] = Lie(BODY, DIGEST, stall=True)
     before = census()
     reader, writer = await get_blob(client)
-    size = threadrelay.READ_SIZE
+    size = READ_SIZE
     assert await reader.readexactly(size) == BODY[:size]
     assert len(relays) == 1
     await client.server.runner.cleanup()  # type: ignore[union-attr]
@@ -203,13 +206,14 @@ async def test_shutdown_cancels_a_blob_in_a_thread_at_the_end_of_its_grace(
 
 
 @pytest.mark.looptime(False)  # the relay's thread waits on the real clock
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 async def test_a_blob_relayed_in_a_thread_ends_at_copy_timeout(
-    start: Start, relays: list[threading.Thread]
+    start: Start, tmp_path: Path, relays: list[threading.Thread], tls: bool
 ) -> None:
     """A registry that stalls in the middle of a blob relayed in a thread: the copy's
     ``copy.timeout`` bounds the read off the loop as it does on it (not the stall timeout), and
     the client's answer is broken off then."""
-    client, fake = await start(timeout="1s")
+    client, fake = await start(tls=tmp_path if tls else None, timeout="1s")
     fake.lies[DIGEST] = Lie(BODY, DIGEST, stall=True)
     started = time.monotonic()
     async with client.get(

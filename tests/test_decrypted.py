@@ -1,0 +1,136 @@
+"""A TLS body decrypted on the loop into a thread's ring (kuikproxy.upstream.decrypted), against
+a transport that records what is asked of it: pieces handed over whole and in order, the loop's
+reading stopped while no buffer is free and started again once one is released, never past
+the body's end; the registry's end or silence fails the thread's wait, after what arrived."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from kuikproxy.errors import UpstreamTimeout, UpstreamUnreachable
+from kuikproxy.upstream.decrypted import Decrypted
+
+SIZE = 8  # bytes a buffer of the ring
+
+
+class AiohttpProtocol(asyncio.Protocol):
+    """The protocol the body takes the transport from: what it is told of the connection."""
+
+    def __init__(self) -> None:
+        self.lost: list[Exception | None] = []
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost.append(exc)
+
+
+class Transport(asyncio.Transport):
+    """What asyncio's TLS transport is to the body: a protocol to swap, reading to pause."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.protocol: Any = AiohttpProtocol()
+        self.reading = False
+        self.aborted = False
+
+    def get_protocol(self) -> Any:
+        return self.protocol
+
+    def set_protocol(self, protocol: Any) -> None:
+        self.protocol = protocol
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def taken(remaining: int, stall: float = 5.0) -> tuple[Decrypted, Transport]:
+    body = Decrypted(b"head", remaining, "registry", stall=stall, deadline=None)
+    transport = Transport()
+    body.take(transport, size=SIZE, count=2)
+    return body, transport
+
+
+def decrypt(body: Decrypted, data: bytes) -> None:
+    """As asyncio's TLS protocol does: into the buffer it is given, as much as fits, in turn."""
+    while data:
+        buffer = body.get_buffer(-1)
+        n = min(len(buffer), len(data))
+        buffer[:n] = data[:n]
+        body.buffer_updated(n)
+        data = data[n:]
+
+
+async def test_pieces_are_whole_buffers_and_reading_waits_for_a_free_one() -> None:
+    body, transport = taken(20)
+    assert transport.protocol is body and transport.reading
+    decrypt(body, b"abcdefgh" + b"ijklmnop")  # both buffers full: nowhere to decrypt to
+    assert not transport.reading
+    first = body.next_piece()
+    assert bytes(first) == b"abcdefgh" and body.remaining == 12
+    body.release(first)  # from the thread: the loop is asked to read again
+    await asyncio.sleep(0)
+    assert transport.reading
+    decrypt(body, b"qrst")  # the end, short of a whole buffer: handed over, reading stops
+    assert not transport.reading
+    assert bytes(body.next_piece()) == b"ijklmnop"
+    assert bytes(body.next_piece()) == b"qrst" and body.remaining == 0
+
+
+async def test_a_buffer_is_never_offered_past_the_bodys_end() -> None:
+    body, _ = taken(3)
+    assert len(body.get_buffer(1 << 20)) == 3
+
+
+async def test_the_registrys_end_fails_the_wait_after_what_arrived() -> None:
+    aiohttp_protocol = AiohttpProtocol()
+    body = Decrypted(b"", 20, "registry", stall=5.0, deadline=None)
+    transport = Transport()
+    transport.protocol = aiohttp_protocol
+    body.take(transport, size=SIZE, count=2)
+    decrypt(body, b"abcdefgh")
+    body.connection_lost(None)
+    assert aiohttp_protocol.lost == [None]  # aiohttp's protocol sees its connection end
+    assert bytes(body.next_piece()) == b"abcdefgh"
+    with pytest.raises(UpstreamUnreachable, match="12 bytes to come"):
+        body.next_piece()
+
+
+async def test_a_whole_body_then_the_end_is_no_failure() -> None:
+    body, _ = taken(8)
+    decrypt(body, b"abcdefgh")
+    body.eof_received()
+    assert bytes(body.next_piece()) == b"abcdefgh"
+
+
+@pytest.mark.looptime(False)  # the thread waits on the real clock
+async def test_silence_times_the_thread_out_and_shutdown_wakes_it() -> None:
+    body, _ = taken(20, stall=0.05)
+    with pytest.raises(UpstreamTimeout):
+        await asyncio.to_thread(body.next_piece)
+    body.stall = 60
+    failed: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            body.next_piece()
+        except UpstreamUnreachable as error:
+            failed.append(error)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    await asyncio.sleep(0.05)
+    body.shutdown()
+    await asyncio.to_thread(thread.join, 5)
+    assert len(failed) == 1 and not thread.is_alive()
