@@ -28,6 +28,7 @@ import io
 import itertools
 import json
 import os
+import random
 import re
 import secrets
 import shutil
@@ -331,28 +332,35 @@ def _json(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _layer(text: str) -> tuple[bytes, bytes]:
-    """A gzip'd tar holding ``/hello.txt``; returns ``(gzipped, uncompressed tar)``, both
-    byte-for-byte reproducible."""
-    payload = text.encode()
+def _layer(text: str, filler: int = 0) -> tuple[bytes, bytes]:
+    """A gzip'd tar holding ``/hello.txt`` (and ``/filler.bin``, ``filler`` bytes that do not
+    compress, when asked); returns ``(gzipped, uncompressed tar)``, both byte-for-byte
+    reproducible."""
+    files = {"hello.txt": text.encode()}
+    if filler:
+        files["filler.bin"] = random.Random(text).randbytes(filler)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        info = tarfile.TarInfo("hello.txt")
-        info.size, info.mode, info.mtime = len(payload), 0o644, 0
-        tar.addfile(info, io.BytesIO(payload))
+        for name, payload in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(payload), 0o644, 0
+            tar.addfile(info, io.BytesIO(payload))
     raw = buffer.getvalue()
     return gzip.compress(raw, mtime=0), raw
 
 
 def build_image(
-    repository: str, tag: str, platforms: Iterable[str] = ("linux/amd64", "linux/arm64")
+    repository: str,
+    tag: str,
+    platforms: Iterable[str] = ("linux/amd64", "linux/arm64"),
+    filler: int = 0,
 ) -> SeededImage:
     """A multi-arch image whose content names the repository, tag and platform, so that two
-    images never share a digest."""
+    images never share a digest; each layer holds ``filler`` more bytes when asked."""
     built = []
     for platform in platforms:
         os_name, arch = platform.split("/")
-        gzipped, raw = _layer(f"{repository}:{tag} on {platform}\n")
+        gzipped, raw = _layer(f"{repository}:{tag} on {platform}\n", filler)
         layer = Blob(OCI_LAYER, gzipped)
         config = Blob(
             OCI_CONFIG,
@@ -804,6 +812,32 @@ class DistributionRegistry(LoopbackServer):
 
 
 # --- nginx ----------------------------------------------------------------------------------
+
+
+class TLSRegistry(DistributionRegistry):
+    """The distribution registry serving TLS with a certificate of its own for 127.0.0.1."""
+
+    def __init__(self, workdir: Path, cert: Path, key: Path) -> None:
+        super().__init__(workdir)
+        self.cert, self.key = cert, key
+
+    def config(self) -> dict[str, object]:
+        config = super().config()
+        config["http"]["tls"] = {"certificate": str(self.cert), "key": str(self.key)}  # type: ignore[index]
+        return config
+
+    def start(self) -> Self:
+        # its health URL answers over TLS only: wait for the port instead
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self._process = self.launch()
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection((LOOPBACK, self.port), 1):
+                return self
+            assert self._process.poll() is None, self.log_file.read_text()
+            assert time.monotonic() < deadline, "the TLS registry did not start"
+            time.sleep(0.05)
 
 
 class Nginx(LoopbackServer):

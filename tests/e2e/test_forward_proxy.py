@@ -11,7 +11,6 @@ registry's name, ``registry.test`` (which never resolves: only kuikproxy knows w
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import socket
@@ -21,7 +20,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Self
 
 import pytest
 
@@ -33,40 +31,14 @@ from tests.e2e.peers import (
     Kuikproxy,
     RegistryClient,
     SeededImage,
+    TLSRegistry,
     clean_env,
-    free_port,
     registry_block,
     run,
     seed,
 )
 
 pytestmark = pytest.mark.e2e
-
-
-class TLSRegistry(DistributionRegistry):
-    """The distribution registry serving TLS with a certificate of its own for 127.0.0.1."""
-
-    def __init__(self, workdir: Path, cert: Path, key: Path) -> None:
-        super().__init__(workdir)
-        self.cert, self.key = cert, key
-
-    def config(self) -> dict[str, object]:
-        config = super().config()
-        config["http"]["tls"] = {"certificate": str(self.cert), "key": str(self.key)}  # type: ignore[index]
-        return config
-
-    def start(self) -> Self:
-        # its health URL answers over TLS only: wait for the port instead
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self._process = self.launch()
-        deadline = time.monotonic() + 20
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection((LOOPBACK, self.port), 1):
-                return self
-            assert self._process.poll() is None, self.log_file.read_text()
-            assert time.monotonic() < deadline, "the TLS registry did not start"
-            time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
