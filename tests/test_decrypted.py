@@ -1,7 +1,8 @@
 """A TLS body decrypted on the loop into a thread's ring (kuikproxy.upstream.decrypted), against
 a transport that records what is asked of it: pieces handed over whole and in order, the loop's
 reading stopped while no buffer is free and started again once one is released, never past
-the body's end; the registry's end or silence fails the thread's wait, after what arrived."""
+the body's end; a buffer part filled handed over to a thread that waited; the registry's end or
+silence fails the thread's wait, after what arrived."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from kuikproxy.errors import UpstreamTimeout, UpstreamUnreachable
-from kuikproxy.upstream.decrypted import Decrypted
+from kuikproxy.upstream.decrypted import FLUSH_AFTER, Decrypted
 
 SIZE = 8  # bytes a buffer of the ring
 
@@ -112,6 +113,20 @@ async def test_a_whole_body_then_the_end_is_no_failure() -> None:
     decrypt(body, b"abcdefgh")
     body.eof_received()
     assert bytes(body.next_piece()) == b"abcdefgh"
+
+
+@pytest.mark.looptime(False)  # the thread waits on the real clock
+async def test_a_buffer_part_filled_goes_to_a_thread_that_waited_for_it() -> None:
+    """A registry that sends slowly: what came goes to the thread once it has waited
+    FLUSH_AFTER, the rest into another buffer — the thread's stall never counts bytes that
+    arrived as silence."""
+    body, transport = taken(20, stall=FLUSH_AFTER * 4)
+    decrypt(body, b"abc")
+    assert bytes(await asyncio.to_thread(body.next_piece)) == b"abc"
+    assert transport.reading
+    decrypt(body, b"de")
+    assert bytes(await asyncio.to_thread(body.next_piece)) == b"de"
+    assert body.remaining == 15
 
 
 @pytest.mark.looptime(False)  # the thread waits on the real clock

@@ -7,7 +7,8 @@ after the decryption. :meth:`Decrypted.take` gives the connection's transport a 
 this module (``set_protocol``): a :class:`asyncio.BufferedProtocol`, into whose buffer asyncio
 decrypts every record it holds, many a call, with no bytes object, parser, stream or wake-up
 per read, as aiohttp's protocol had. The buffers are a ring: the loop fills one while the thread
-hashes and sends another, and stops reading while none is free.
+hashes and sends another, and stops reading while none is free; a buffer goes to the thread
+whole, or as far as it is filled once the thread has waited for it (:data:`FLUSH_AFTER`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ import time
 from collections import deque
 
 from kuikproxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
+
+# A buffer is handed over to the thread once full, or once the thread has waited this long
+# (seconds) while part of it has come: a registry that sends slowly is relayed as it sends,
+# and its stall timeout counts from its last bytes, not from the last whole buffer.
+FLUSH_AFTER = 0.05
 
 
 class Decrypted(asyncio.BufferedProtocol):
@@ -69,11 +75,20 @@ class Decrypted(asyncio.BufferedProtocol):
         return self._filling[self._filled : self._filled + self._to_come]
 
     def buffer_updated(self, nbytes: int) -> None:
-        assert self._filling is not None and self._transport is not None
+        assert self._filling is not None
         self._filled += nbytes
         self._to_come -= nbytes
-        if self._filled < len(self._filling) and self._to_come:
-            return  # handed over whole: one wake-up of the thread a buffer
+        if self._filled == len(self._filling) or not self._to_come:
+            self._hand_over()  # whole: one wake-up of the thread a buffer
+
+    def _flush(self) -> None:
+        """What has arrived in the buffer being filled, handed over now: the thread has waited
+        :data:`FLUSH_AFTER` for more (a registry that sends slowly)."""
+        if self._filling is not None and self._filled:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        assert self._filling is not None and self._transport is not None
         with self._changed:
             self._ready.append(self._filling[: self._filled])
             self._filling, self._filled = None, 0
@@ -112,15 +127,21 @@ class Decrypted(asyncio.BufferedProtocol):
     def next_piece(self) -> memoryview:
         """The next piece (at least a byte), in a buffer of the ring: it stays the thread's
         until :meth:`release`\\ d. Errors are :class:`~kuikproxy.errors.UpstreamError`\\ s."""
+        assert self._loop is not None
         with self._changed:
+            since = time.monotonic()
             while not self._ready:
                 if self._failure is not None:
                     raise self._failure
-                wait = self.stall
+                now = time.monotonic()
+                wait = since + self.stall - now  # a stall: nothing at all has come
                 if self.deadline is not None:
-                    wait = min(wait, self.deadline - time.monotonic())
-                if wait <= 0 or not self._changed.wait(wait):
+                    wait = min(wait, self.deadline - now)
+                if wait <= 0:
                     raise UpstreamTimeout(f"{self._what}: timed out while reading the body")
+                if not self._changed.wait(min(wait, FLUSH_AFTER)):
+                    with contextlib.suppress(RuntimeError):  # the loop is gone
+                        self._loop.call_soon_threadsafe(self._flush)
             piece = self._ready.popleft()
         self.remaining -= len(piece)
         return piece
