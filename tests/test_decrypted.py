@@ -11,6 +11,8 @@ import threading
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kuikproxy.errors import UpstreamTimeout, UpstreamUnreachable
 from kuikproxy.upstream.decrypted import FLUSH_AFTER, Decrypted
@@ -149,3 +151,61 @@ async def test_silence_times_the_thread_out_and_shutdown_wakes_it() -> None:
     body.shutdown()
     await asyncio.to_thread(thread.join, 5)
     assert len(failed) == 1 and not thread.is_alive()
+
+
+Step = tuple[str, int]
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("decrypt"), st.integers(1, 3 * SIZE)),
+        st.tuples(st.sampled_from(["take", "release", "turn"]), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(total=st.integers(1, 6 * SIZE), steps=STEPS)
+def test_any_interleaving_hands_over_the_body_whole_and_in_order(
+    total: int, steps: list[Step]
+) -> None:
+    """asyncio's TLS layer decrypting what it has whenever reading is on, the thread taking
+    and releasing pieces, the loop turning, in any order: every byte arrives once, in order;
+    a buffer offered while reading is on is never empty (asyncio would take that for the
+    session's end); and whatever the order so far, going on always finishes the body."""
+    asyncio.run(interleave(total, steps))
+
+
+async def interleave(total: int, steps: list[Step]) -> None:
+    plaintext = bytes(i % 251 for i in range(total))
+    body = Decrypted(b"", total, "registry", stall=5.0, deadline=None)
+    transport = Transport()
+    body.take(transport, size=SIZE, count=2)
+    sent, got, held = 0, bytearray(), list[memoryview]()
+
+    async def step(kind: str, size: int) -> None:
+        nonlocal sent
+        if kind == "decrypt" and transport.reading and sent < total:
+            buffer = body.get_buffer(-1)
+            assert len(buffer) > 0
+            n = min(size, len(buffer), total - sent)
+            buffer[:n] = plaintext[sent : sent + n]
+            sent += n
+            body.buffer_updated(n)
+        elif kind == "take" and body._ready:
+            piece = body.next_piece()
+            got.extend(piece)
+            held.append(piece)
+        elif kind == "release" and held:
+            body.release(held.pop(0))
+        elif kind == "turn":
+            await asyncio.sleep(0)  # the loop runs what the thread asked of it
+
+    for kind, size in steps:
+        await step(kind, size)
+    for _ in range(10 * total + 10):  # then everything in turn, as long as it takes
+        if len(got) == total:
+            break
+        for kind in ("decrypt", "take", "release", "turn"):
+            await step(kind, SIZE)
+    assert bytes(got) == plaintext
+    assert body.remaining == 0 and not transport.reading
