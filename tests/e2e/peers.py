@@ -811,9 +811,6 @@ class DistributionRegistry(LoopbackServer):
         return rows
 
 
-# --- nginx ----------------------------------------------------------------------------------
-
-
 class TLSRegistry(DistributionRegistry):
     """The distribution registry serving TLS with a certificate of its own for 127.0.0.1."""
 
@@ -838,6 +835,9 @@ class TLSRegistry(DistributionRegistry):
             assert self._process.poll() is None, self.log_file.read_text()
             assert time.monotonic() < deadline, "the TLS registry did not start"
             time.sleep(0.05)
+
+
+# --- nginx ----------------------------------------------------------------------------------
 
 
 class Nginx(LoopbackServer):
