@@ -58,9 +58,11 @@ class Transport(asyncio.Transport):
         self.aborted = True
 
 
-def taken(remaining: int, stall: float = 5.0) -> tuple[Decrypted, Transport]:
+def taken(
+    remaining: int, stall: float = 5.0, transport: Transport | None = None
+) -> tuple[Decrypted, Transport]:
     body = Decrypted(b"head", remaining, "registry", stall=stall, deadline=None)
-    transport = Transport()
+    transport = transport or Transport()
     body.take(transport, size=SIZE, count=2)
     return body, transport
 
@@ -97,11 +99,9 @@ async def test_a_buffer_is_never_offered_past_the_bodys_end() -> None:
 
 
 async def test_the_registrys_end_fails_the_wait_after_what_arrived() -> None:
-    aiohttp_protocol = AiohttpProtocol()
-    body = Decrypted(b"", 20, "registry", stall=5.0, deadline=None)
     transport = Transport()
-    transport.protocol = aiohttp_protocol
-    body.take(transport, size=SIZE, count=2)
+    aiohttp_protocol = transport.protocol
+    body, _ = taken(20, transport=transport)
     decrypt(body, b"abcdefgh")
     body.connection_lost(None)
     assert aiohttp_protocol.lost == [None]  # aiohttp's protocol sees its connection end

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.certs import self_signed
-from tests.e2e.conftest import DEAD_END, REGISTRY, StartProxy, require
+from tests.e2e.conftest import REGISTRY, StartProxy, registries_conf, require
 from tests.e2e.peers import (
     DistributionRegistry,
     Kuikproxy,
@@ -24,10 +24,10 @@ from tests.e2e.peers import (
     SeededImage,
     TLSRegistry,
     build_image,
-    clean_env,
     push_image,
     run,
 )
+from tests.e2e.test_clients import isolated_env, oci_layout
 
 pytestmark = pytest.mark.e2e
 
@@ -82,15 +82,8 @@ def test_skopeo_copies_large_layers_read_over_tls(
     digest, and the layout holds every blob pushed."""
     require("skopeo")
     _, big, _ = big_images
-    conf = tmp_path / "registries.conf"
-    conf.write_text(
-        f'[[registry]]\nprefix = "{REGISTRY}"\nlocation = "{DEAD_END}"\n'
-        "mirror-by-digest-only = false\n"
-        f'[[registry.mirror]]\nlocation = "{tls_mirror.host_port}"\ninsecure = true\n'
-    )
-    auth = tmp_path / "no-auth.json"
-    auth.write_text('{"auths": {}}')
-    env = clean_env(REGISTRY_AUTH_FILE=str(auth), DOCKER_CONFIG=str(tmp_path / "none"))
+    conf = registries_conf(tmp_path, tls_mirror)  # the shipped example
+    env = isolated_env(tmp_path)
     layout = tmp_path / "layout"
     result = run(
         ["skopeo", "copy", "--registries-conf", str(conf), "--all",
@@ -98,7 +91,8 @@ def test_skopeo_copies_large_layers_read_over_tls(
         120, env,
     )  # fmt: skip
     assert result.returncode == 0, f"{result}\n--- kuikproxy log ---\n{tls_mirror.log()}"
-    copied = {f"sha256:{p.name}" for p in (layout / "blobs" / "sha256").iterdir()}
+    top, copied = oci_layout(layout)
+    assert top == big.index.digest
     assert big.digests <= copied
 
 
