@@ -96,6 +96,12 @@ def remove(path: str) -> None:
         log.warning("blob cache: cannot delete %s (%s)", path, error)
 
 
+def free(path: str) -> int:
+    """Bytes an unprivileged writer may still put on ``path``'s volume."""
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize
+
+
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:

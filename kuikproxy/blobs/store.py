@@ -169,6 +169,7 @@ class BlobStore:
             or digest in self._writing
             or (size is not None and size < 0)
             or not self._make_room(size or 0)
+            or not self._disk_room(size or 0)
         ):
             return None
         algorithm, _, hexpart = digest.partition(":")
@@ -277,6 +278,25 @@ class BlobStore:
             return False
         while self.used + need > self.max_bytes:
             self._drop(next(iter(self._blobs)), evicted=True)
+        return True
+
+    def _disk_room(self, need: int) -> bool:
+        """Whether the volume holds ``need`` more bytes besides those the writers under way
+        have yet to write, evicting blobs to make it so when that can: a ``maxBytes`` larger
+        than the volume, or a volume others fill too, turns a blob away (it streams through)
+        rather than break its clients off when the disk runs out under it."""
+        try:
+            free = disk.free(self._layout.tmp)
+        except OSError as error:
+            log.warning("blob cache: cannot tell the room left on its volume (%s)", error)
+            return False
+        need += sum(writer.reserved - writer.written for writer in self._writing.values())
+        if free + self._complete < need:
+            return False  # the volume is full of other things: keep what is stored
+        while free < need:
+            digest, blob = next(iter(self._blobs.items()))
+            self._drop(digest, evicted=True)
+            free += blob.size
         return True
 
     def _fit(self) -> None:

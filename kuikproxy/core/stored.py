@@ -8,7 +8,7 @@ chose (``serveStale``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection
 from typing import Literal
 
 from kuikproxy.core.reuse import shared_with
@@ -24,16 +24,23 @@ def owner_parts(owner: str | None) -> tuple[str | None, str | None]:
 
 
 def content_serves(
-    owners: Iterable[str | None],
+    owners: Collection[str | None],
     proved: bool,
     request_auth: str | None,
     request_signer: str | None,
 ) -> bool:
-    """R5 for stored content: a request may have it when one of the reads that stored it
-    (``owners``) shares with it — anonymous, kuikproxy's own credentials, or the identical
-    ``Authorization`` — or when it ``proved`` access to that repository (a manifest of it
-    answered 200 to the same ``Authorization`` lately): registries hand every client a token
-    of its own, so the identical header alone would share nothing between two nodes."""
+    """R5 for stored content of one repository of one host: a request may have it when one of
+    the reads that stored it there (``owners``) shares with it — anonymous, kuikproxy's own
+    credentials, or the identical ``Authorization`` — or when it ``proved`` access to that
+    repository (a manifest of it answered 200 to the same ``Authorization`` lately): registries
+    hand every client a token of its own, so the identical header alone would share nothing
+    between two nodes.
+
+    A proof opens only content read from that very repository (``owners`` not empty): the
+    store holds each digest once for every host, and a proof for a repository of one's own —
+    on a registry one runs, under a wildcard — must not open a blob read from another."""
+    if not owners:
+        return False
     if proved:
         return True
     return any(

@@ -86,6 +86,8 @@ class Fill:
             held = 0  # the last chunk's length: not readable until the whole is verified
             async for chunk in self._opened.chunks():
                 if not writer.write(chunk):
+                    if writer.written + len(chunk) <= self.size:
+                        raise OSError(f"the store's disk refused {self.digest}")  # logged
                     raise ContentMismatch(
                         f"{self._opened.host} sent more of {self.digest} than it announced",
                         detail={"host": self._opened.host, "digest": self.digest},

@@ -197,6 +197,8 @@ class Opened:
     response: UpstreamResponse
     # how a ``Location`` the client must come back to kuikproxy with reads for it (writes)
     relocated: Callable[[str], str] | None = None
+    # told once the body was relayed whole and hashed to its digest (``content``)
+    verified: Callable[[], None] | None = None
 
     def chunks(self) -> AsyncIterator[bytes]:
         return self.response.chunks()

@@ -68,7 +68,8 @@ class PullThrough:
         self._fills: dict[str, Fill] = {}
         self._fill_owners: dict[str, tuple[str, str, str | None]] = {}
         self._proofs: OrderedDict[_Proof, float] = OrderedDict()  # → monotonic time
-        self._opening: dict[str, asyncio.Event] = {}  # blobs whose one read is being sent
+        # (host, digest) of blobs whose one read is being sent
+        self._opening: dict[tuple[str, str], asyncio.Event] = {}
         self._loop = asyncio.get_running_loop()
         self._writing: set[asyncio.Task[None]] = set()  # manifests on their way to the disk
         self.counts = CacheCounts()
@@ -99,10 +100,14 @@ class PullThrough:
         if request.operation is not Operation.COPY:
             return None  # a check asks whether it is still there: only the registry knows
         digest, host, repository = image.reference, request.host, image.repository
-        fill = self._fills.get(digest)
         owners = self.store.owners(host, repository, digest)
+        fill = self._fills.get(digest)
         if fill is not None:
-            owners |= {self._fill_owners[digest][2]}
+            fill_host, fill_repository, fill_owner = self._fill_owners[digest]
+            if (fill_host, fill_repository) == (host, repository):
+                owners |= {fill_owner}
+            else:  # being read for another repository: not this request's to follow (R5)
+                fill = None
         if not content_serves(owners, self._proved(request), request.auth, request.signer):
             return None
         if fill is not None:
@@ -130,7 +135,14 @@ class PullThrough:
         length, too big, already being read): the caller streams it through as it is."""
         length = opened.headers.get("Content-Length")
         digest = request.image.reference
-        if length is None or not length.isdigit() or digest in self._fills:
+        if digest in self._fills or self.store.contains(digest):
+            # read before, from another repository or for another client: once the relay has
+            # checked it whole, this repository and this client may have it from the store too
+            host, repository = request.host, request.image.repository
+            owner = owner_key(request.auth, request.signer)
+            opened.verified = lambda: self.store.grant(host, repository, digest, owner)
+            return None
+        if length is None or not length.isdigit():
             return None
         writer = self.store.writer(digest, int(length), opened.headers.get("Content-Type"))
         if writer is None:
@@ -154,17 +166,18 @@ class PullThrough:
         self.counts.bytes[body.source] += body.sent
         body.file.close()
 
-    def claim(self, digest: str) -> asyncio.Event | None:
-        """Before a blob GET goes to the registry: None makes this read the one that goes (call
+    def claim(self, host: str, digest: str) -> asyncio.Event | None:
+        """Before a blob GET goes to ``host``: None makes this read the one that goes (call
         :meth:`release` once its fill started or it gave up); otherwise what to wait for
-        before looking again — concurrent clients of one blob must not each read it."""
-        opening = self._opening.get(digest)
+        before looking again — concurrent clients of one blob must not each read it. By host:
+        a read from a registry one runs must not hold back another registry's clients."""
+        opening = self._opening.get((host, digest))
         if opening is None:
-            self._opening[digest] = asyncio.Event()
+            self._opening[host, digest] = asyncio.Event()
         return opening
 
-    def release(self, digest: str) -> None:
-        opening = self._opening.pop(digest, None)
+    def release(self, host: str, digest: str) -> None:
+        opening = self._opening.pop((host, digest), None)
         if opening is not None:
             opening.set()
 

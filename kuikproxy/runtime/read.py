@@ -149,7 +149,7 @@ class Read:
             return await self._kept(cache, reply)
         finally:
             if claimed is not None:
-                cache.release(claimed)
+                cache.release(request.host, claimed)
 
     async def _stored(self, cache: PullThrough) -> Body | None:
         """``request``'s content from the store or a read under way, waiting while another
@@ -162,7 +162,7 @@ class Read:
                 return body
             if request.image.route != BLOBS or request.method != "GET":
                 return None
-            opening = cache.claim(request.image.reference)
+            opening = cache.claim(request.host, request.image.reference)
             if opening is None:
                 return None
             await opening.wait()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 from collections.abc import Callable
 
 from aiohttp import web
@@ -100,6 +101,8 @@ async def stream(request: web.Request, answer: Opened, ns: str | None) -> web.St
                 # clean end of content that is not what it asked for
                 log.warning("%s", mismatch(host, check.repository, check.digest).message)
                 return _break_off(request, response)
+            elif answer.verified is not None:
+                answer.verified()
         except UpstreamError as error:
             # the status line has gone out: a broken connection is the only honest signal
             # left, never an error answer spliced into the body
@@ -231,19 +234,28 @@ def byte_range(value: str, size: int) -> tuple[int, int] | None:
     if unit.strip().lower() != "bytes" or not dash or "," in spec:
         return whole
     first, last = first.strip(), last.strip()
-    if not (first.isdigit() or first == "") or not (last.isdigit() or last == ""):
+    if not (_POSITION.fullmatch(first) and _POSITION.fullmatch(last)):
         return whole
     if first == "":  # the last n bytes
-        if last == "" or int(last) == 0:
+        if last == "" or _position(last) == 0:
             return None if last else whole
-        return (max(0, size - int(last)), size)
-    start = int(first)
-    if last != "" and int(last) < start:
+        return (max(0, size - _position(last)), size)
+    start = _position(first)
+    if last != "" and _position(last) < start:
         return whole  # not a range at all
-    end = size if last == "" else min(size, int(last) + 1)
+    end = size if last == "" else min(size, _position(last) + 1)
     if start >= size:
         return None
     return (start, end)
+
+
+_POSITION = re.compile(r"[0-9]*")  # ASCII: str.isdigit takes "²", which int() refuses
+
+
+def _position(digits: str) -> int:
+    """A byte position as written; one of more than 18 digits is past any blob's end (and
+    int() would refuse one of over 4,300)."""
+    return int(digits) if len(digits) <= 18 else 10**18
 
 
 def _break_off(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kuikproxy.blobs import BlobStore, BlobWriter, TagRecord
+from kuikproxy.blobs import BlobStore, BlobWriter, TagRecord, disk
 from kuikproxy.blobs.store import FLUSH_DELAY
 from kuikproxy.blobs.writer import HASH_BATCH
 from kuikproxy.errors import StateError
@@ -199,6 +199,34 @@ async def test_a_writer_without_size_stops_when_room_runs_out(tmp_path: Path) ->
     assert temp_files(tmp_path) == [Path(held.path)]
     await store.close()
     assert temp_files(tmp_path) == []  # close aborts the writers still writing
+
+
+async def test_a_volume_with_less_room_than_max_bytes_turns_blobs_away(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``maxBytes`` says 1,000 but the volume has 250 bytes left: a writer counts the room
+    the writers under way will still take, evicts blobs when that makes room, and otherwise
+    turns the blob away (it streams through) instead of failing mid-way on a full disk."""
+    store = await BlobStore.open(str(tmp_path), 1000)
+    a, b, c = content(100, 30), content(200, 31), content(150, 32)
+    await put(store, a)
+    room = {"free": 250}
+    monkeypatch.setattr(disk, "free", lambda path: room["free"])
+    writer = store.writer(digest(b), 200, None)
+    assert writer is not None
+    assert writer.write(b[:50])  # 150 more to come: 100 left for others
+    assert store.writer(digest(c), 150, None) is not None  # a evicted: 100 + 100 free
+    assert store.evictions == 1 and store.lookup(digest(a)) is None
+    room["free"] = 0
+    assert store.writer(digest(content(10, 33)), 10, None) is None  # nothing left to evict
+    assert store.evictions == 1
+    monkeypatch.setattr(disk, "free", _refused)
+    assert store.writer(digest(content(10, 34)), 10, None) is None
+    await store.close()
+
+
+def _refused(path: str) -> int:
+    raise PermissionError(path)
 
 
 @pytest.mark.parametrize("declared", [True, False, None])

@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from kuikproxy.app import build_app
+from kuikproxy.blobs import disk
 from kuikproxy.config import parse_config
 from tests.certs import self_signed
 from tests.conftest import HOST, ProxyFactory
@@ -120,6 +121,9 @@ async def test_ten_clients_of_one_blob_cost_the_registry_one_read(
         ("bytes=0-", 200, (0, len(BLOB))),
         ("bytes=1-2,5-6", 200, (0, len(BLOB))),  # several ranges: the whole (RFC 9110)
         (f"bytes={len(BLOB)}-", 416, None),
+        ("bytes=²-", 200, (0, len(BLOB))),  # a digit to str.isdigit, not to int()
+        ("bytes=0-" + "9" * 5000, 200, (0, len(BLOB))),  # past int()'s 4,300 digits
+        ("bytes=" + "9" * 5000 + "-", 416, None),
     ],
 )
 async def test_ranges_are_served_from_the_store(
@@ -201,6 +205,93 @@ async def test_r5_a_blob_read_with_a_clients_credentials_needs_proof_of_access(
     response = await private(f"blobs/{BLOB_DIGEST}", "bob", bob)
     assert response.status == 200 and await response.read() == BLOB
     assert len(fake.reads("blobs")) == 2  # bob proved access: served from the store
+
+
+async def test_r5_a_proof_opens_only_content_read_from_that_repository(
+    aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """The store holds a digest once, for every repository; a proof of access to one's own
+    repository (here a public one) opens nothing read from another: eve, who may read ``app``
+    but not ``private/app``, names the digest of alice's private blob under ``app``. The
+    registry decides (it has no such blob in ``app``), not the store."""
+    fake = Registry(auth=Auth({"alice": "a", "eve": "e"}, readers={"alice"}))
+    fake.fail[f"/v2/app/blobs/{BLOB_DIGEST}"] = 404
+    server = await aiohttp_server(fake.app())
+    alice, eve = (
+        "Basic " + base64.b64encode(f"{u}:{u[0]}".encode()).decode() for u in ("alice", "eve")
+    )
+    client = await aiohttp_client(build_app(parse_config(config(server, tmp_path))))
+
+    def read(path: str, resource: str, authorization: str) -> Any:
+        return client.get(
+            f"/v2/{path}?ns={HOST}",
+            headers={"Kuik-Resource": resource, "Authorization": authorization},
+        )
+
+    response = await read(f"private/app/blobs/{BLOB_DIGEST}", "alice", alice)
+    assert response.status == 200 and await response.read() == BLOB
+    manifest = await read("app/manifests/v1", "eve", eve)
+    assert manifest.status == 200
+    await manifest.read()
+    response = await read(f"app/blobs/{BLOB_DIGEST}", "eve", eve)
+    assert response.status == 404  # the registry's answer
+    assert len(fake.reads("blobs")) == 2
+
+
+async def test_a_read_under_way_from_one_registry_is_not_followed_for_another(
+    aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """A blob is being read from one registry when a client names its digest on another (one
+    it may run itself, under a wildcard): it is that registry's to answer, not the read under
+    way's, nor does the read under way hold it back."""
+    slow, other = Registry(blob_chunks=100), Registry()  # 100 chunks 10 ms apart: 1 s
+    other.fail[f"/v2/app/blobs/{BLOB_DIGEST}"] = 404
+    servers = [await aiohttp_server(fake.app()) for fake in (slow, other)]
+    registries = "".join(
+        f"  {host}:\n    upstream: http://127.0.0.1:{server.port}\n    paced: false\n"
+        for host, server in zip((HOST, "other.test"), servers, strict=True)
+    )
+    text = f"{store_at(tmp_path)}\nregistries:\n{registries}"
+    client = await aiohttp_client(build_app(parse_config(text)))
+
+    async def pull(host: str) -> tuple[int, float]:
+        loop = asyncio.get_running_loop()
+        response = await client.get(f"/v2/app/blobs/{BLOB_DIGEST}?ns={host}")
+        await response.read()
+        return response.status, loop.time()
+
+    filling = asyncio.create_task(pull(HOST))
+    await asyncio.sleep(0.3)
+    assert await pull("other.test") == (404, pytest.approx(0.3, abs=0.05))
+    assert (await filling)[0] == 200
+    assert len(slow.reads("blobs")) == len(other.reads("blobs")) == 1
+
+
+async def test_a_blob_read_whole_for_another_repository_is_then_served_from_the_store(
+    proxy: ProxyFactory, registry: tuple[Registry, TestServer], tmp_path: Path
+) -> None:
+    """A layer stored from one repository and asked for under another (images share base
+    layers) is read from the registry there once: relayed whole and checked, it is that
+    repository's too, and its next clients get it from the disk."""
+    fake, _ = registry
+    client = await proxy(COPY, top=store_at(tmp_path))
+
+    async def pull(repository: str, resource: str) -> bytes:
+        response = await client.get(
+            f"/v2/{repository}/blobs/{BLOB_DIGEST}?ns={HOST}",
+            headers={"Kuik-Resource": resource},
+        )
+        assert response.status == 200
+        return await response.read()
+
+    assert await pull("app", "a") == BLOB
+    assert await pull("base", "b") == BLOB
+    assert len(fake.reads("blobs")) == 2
+    assert await pull("base", "c") == BLOB
+    assert await pull("app", "d") == BLOB
+    assert len(fake.reads("blobs")) == 2
+    assert await pull("other", "e") == BLOB
+    assert len(fake.reads("blobs")) == 3
 
 
 async def test_serve_stale_answers_a_tag_while_the_registry_is_unreachable(
@@ -389,6 +480,24 @@ async def test_a_flood_of_distinct_blobs_never_passes_max_bytes(
     store = (await (await client.get("/status")).json())["cache"]["store"]
     assert store["bytes"] <= 3 * 1024**2 and store["blobs"] >= 1
     assert highest <= 3 * 1024**2
+
+
+async def test_a_full_volume_lets_blobs_stream_through(
+    proxy: ProxyFactory,
+    registry: tuple[Registry, TestServer],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store's volume is full (``maxBytes`` larger than it, or others filled it): blobs
+    are not stored, and every client still gets its blob whole from the registry."""
+    fake, _ = registry
+    monkeypatch.setattr(disk, "free", lambda path: 0)
+    client = await proxy(COPY, top=store_at(tmp_path))
+    for resource in ("a", "b"):
+        response = await get(client, f"blobs/{BLOB_DIGEST}", resource)
+        assert response.status == 200 and await response.read() == BLOB
+    assert len(fake.reads("blobs")) == 2
+    assert stored_files(tmp_path) == []
 
 
 async def test_a_client_over_tls_gets_stored_blobs_whole_and_in_ranges(

@@ -27,6 +27,7 @@ MAX_BLOCK = 24 * 3600.0  # a registry that says "a year" is believed for a day
 DOCKER_HUB_WINDOW = 21600.0  # ``w`` when a ratelimit header leaves it out: Docker Hub's 6 h
 THROTTLED = frozenset({429, 503})  # answers that mean "slow down" even without Retry-After
 _DELTA = re.compile(r"\d+(?:\.\d+)?")
+_COUNT = re.compile(r"[0-9]{1,18}")  # a count of requests; str.isdigit would take "²"
 _JITTER = _random.Random()  # backoff jitter of every host that is not given a seed
 
 
@@ -73,7 +74,7 @@ def _ratelimit_value(value: str) -> tuple[int, float | None] | None:
     for item in value.split(","):
         head, *params = item.split(";")
         head = head.strip()
-        if not head.isdigit():
+        if not _COUNT.fullmatch(head):
             continue
         window: float | None = None
         for param in params:
