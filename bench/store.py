@@ -42,7 +42,6 @@ from bench.proxy import (
     CURL,
     CURL_OUT,
     BlobPath,
-    BlobRun,
     MiB,
     Peer,
     QuietRegistry,
@@ -51,14 +50,13 @@ from bench.proxy import (
     blob_table,
     check_bytes,
     children,
-    curl,
+    measure_blobs,
     serve_kuikproxy,
 )
 from tests.e2e.peers import (
     LOOPBACK,
     Nginx,
     clean_env,
-    cpu_seconds,
     free_port,
     http,
 )
@@ -185,7 +183,7 @@ def measure_store(setup: Setup, digest: str, args: argparse.Namespace) -> list[s
                      lambda: children(nginx.pid)),
             BlobPath("kuikproxy-store", url, lambda: [kuik.pid]),
         ]  # fmt: skip
-        cpu = measure_with_cpu(paths, digest, size, args.store_gets)
+        measure_blobs(paths, digest, size, args.store_gets)
         status = store_status(kuik)
     finally:
         for peer in reversed(peers):
@@ -199,33 +197,11 @@ def measure_store(setup: Setup, digest: str, args: argparse.Namespace) -> list[s
         f"curl -o /dev/null, {args.store_gets} GETs per path, interleaved"
     )
     return [
-        *blob_table(paths, title, TARGET_STORE_RATIO),
+        *blob_table(paths, title, TARGET_STORE_RATIO, size),
         f"kuikproxy /status cache.store: reads {json.dumps(reads)}, servedBytes "
         f"{json.dumps(served)}: " + ("every measured GET from the disk" if from_disk
                                       else "NOT all from the disk"),
-        "server CPU per transfer (utime + stime), median ms: "
-        + ", ".join(f"{p.name} {statistics.median(cpu[p.name]) * 1000:.0f}" for p in paths),
     ]  # fmt: skip
-
-
-def measure_with_cpu(
-    paths: list[BlobPath], digest: str, size: int, gets: int
-) -> dict[str, list[float]]:
-    """bench/proxy.py's ``measure_blobs`` (one hashed transfer per path, then ``gets`` rounds
-    interleaved), with each server's CPU seconds per transfer: the client is the bottleneck
-    here, so what serving costs shows better in CPU than in MiB/s."""
-    cpu: dict[str, list[float]] = {p.name: [] for p in paths}
-    for path in paths:
-        check_bytes(path.url, digest, path.curl)
-    for _ in range(gets):
-        for path in paths:
-            pids = path.pids()
-            before = cpu_seconds(pids)
-            with RssSampler(path.pids) as rss:
-                speed = curl(path.url, size, path.curl)
-            cpu[path.name].append(cpu_seconds(pids) - before)
-            path.runs.append(BlobRun(speed, rss.growth_mib))
-    return cpu
 
 
 # --- (d) ten clients, one blob ---------------------------------------------------------------
