@@ -56,3 +56,11 @@ def serves_stale(setting: ServeStale, check: bool, from_kuik: bool) -> bool:
     if setting is False:
         return False
     return not (check and from_kuik) or setting == "checks"
+
+
+def outage(status: int | None) -> bool:
+    """Whether a registry's answer says it cannot be reached, as unreachable as no connection
+    for ``serveStale``: the gateway in front of it could not reach it (502, 504) or it is
+    unavailable (503: a registry down for maintenance, a CDN in front of one that is down).
+    Other statuses, a 500 included, are the registry's own answer, relayed."""
+    return status in (502, 503, 504)

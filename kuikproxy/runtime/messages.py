@@ -252,3 +252,11 @@ class Reply:
     body: Body | None = None
     hit: bool = False  # a kept answer served it at once (R1)
     stale: bool = False  # kept, given while its host is blocked, however old (§11, P14)
+
+    @property
+    def status(self) -> int | None:
+        """The registry's status, for a whole answer or one to stream; None for content on
+        disk."""
+        if self.opened is not None:
+            return self.opened.status
+        return None if self.answer is None else self.answer.status

@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from kuikproxy.core.images import BLOBS, MANIFESTS
+from kuikproxy.core.stored import outage
 from kuikproxy.core.tickets import Operation
 from kuikproxy.errors import (
     RegistryError,
@@ -135,21 +136,29 @@ class Read:
                     claimed = image.reference  # this read is the one that goes (claim)
             # only a manifest by tag is ever stale: the rest pays nothing for it
             stale = image.route == MANIFESTS and not image.by_digest
-            if stale and pacer.blocked_until(request.host, pacer.loop.time()) is not None:
-                answer = cache.stale(request) if pacer.serves_stale(request) else None
-                if answer is not None:
-                    return Reply(answer=answer, hit=True, stale=True)
+            blocked = stale and pacer.blocked_until(request.host, pacer.loop.time()) is not None
+            if blocked and (kept := self._stale(cache)) is not None:
+                return kept
             try:
                 reply = await self._reply()
-            except (UpstreamUnreachable, UpstreamTimeout):  # a 5xx is the registry speaking
-                answer = cache.stale(request) if stale and pacer.serves_stale(request) else None
-                if answer is None:
-                    raise
-                return Reply(answer=answer, hit=True, stale=True)
+            except (UpstreamUnreachable, UpstreamTimeout):
+                if stale and (kept := self._stale(cache)) is not None:
+                    return kept
+                raise
+            if stale and outage(reply.status) and (kept := self._stale(cache)) is not None:
+                return kept  # a gateway that could not reach the registry, or it is down
             return await self._kept(cache, reply)
         finally:
             if claimed is not None:
                 cache.release(request.host, claimed)
+
+    def _stale(self, cache: PullThrough) -> Reply | None:
+        """The stored manifest the request's tag last named, however old, when ``serveStale``
+        lets this request have it while its registry cannot be asked (§15)."""
+        if not self._pacer.serves_stale(self._request):
+            return None
+        answer = cache.stale(self._request)
+        return None if answer is None else Reply(answer=answer, hit=True, stale=True)
 
     async def _stored(self, cache: PullThrough) -> Body | None:
         """``request``'s content from the store or a read under way, waiting while another
@@ -171,10 +180,7 @@ class Read:
         """What of the registry's answer the store keeps: a blob's bytes (for everyone who
         asks, :meth:`PullThrough.fill`), a manifest by digest, proofs of access (R5)."""
         request, opened, image = self._request, reply.opened, self._request.image
-        status = reply.answer.status if reply.answer is not None else None
-        if opened is not None:
-            status = opened.status
-        if status != 200:
+        if reply.status != 200:
             return reply
         if image.route == MANIFESTS:
             cache.proved(request)

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from kuikproxy.core.reuse import owner_key
-from kuikproxy.core.stored import ServeStale, content_serves, owner_parts, serves_stale
+from kuikproxy.core.stored import (
+    ServeStale,
+    content_serves,
+    outage,
+    owner_parts,
+    serves_stale,
+)
 
 ALICE, BOB = "key-alice", "key-bob"
 OWN = owner_key(None, "fingerprint")
@@ -60,3 +66,10 @@ def test_a_proof_opens_nothing_never_read_from_that_repository() -> None:
 )
 def test_serves_stale(setting: ServeStale, check: bool, from_kuik: bool, stale: bool) -> None:
     assert serves_stale(setting, check, from_kuik) is stale
+
+
+def test_an_outage_is_a_gateways_or_an_unavailable_registrys_answer() -> None:
+    assert [status for status in (200, 404, 429, 500, 502, 503, 504) if outage(status)] == [
+        502, 503, 504,
+    ]  # fmt: skip
+    assert not outage(None)  # content from the disk

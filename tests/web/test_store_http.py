@@ -324,6 +324,31 @@ async def test_serve_stale_answers_a_tag_while_the_registry_is_unreachable(
     assert await (await get(client, f"blobs/{BLOB_DIGEST}", "fresh")).read() == BLOB
 
 
+@pytest.mark.parametrize("status", [502, 503, 504, 500])
+async def test_serve_stale_answers_a_tag_while_a_gateway_cannot_reach_the_registry(
+    proxy: ProxyFactory, registry: tuple[Registry, TestServer], tmp_path: Path, status: int
+) -> None:
+    """The load balancer or CDN in front of a registry answers 502 or 504 (it cannot reach
+    the registry), or the registry 503 (down for maintenance): as unreachable as no
+    connection, the tag is answered stale. A 500 is the registry's own answer: relayed."""
+    fake, _ = registry
+    client = await proxy(
+        f"{COPY}\nserveStale: true", top=store_at(tmp_path, cache="maxAge: 100ms, ")
+    )
+    fresh = await client.get(f"/v2/app/manifests/v1?ns={HOST}")
+    assert fresh.status == 200
+    await fresh.read()
+    await asyncio.sleep(0.5)  # the kept answer past maxAge (R1)
+    fake.fail["/v2/app/manifests/v1"] = status
+    answer = await client.get(f"/v2/app/manifests/v1?ns={HOST}")
+    if status == 500:
+        assert answer.status == 500 and "Warning" not in answer.headers
+    else:
+        assert answer.status == 200 and answer.headers["Warning"].startswith("110")
+        assert await answer.read() == manifest_of("app", "v1")
+    assert len(fake.reads()) == 2
+
+
 async def test_serve_stale_answers_a_tag_while_the_registry_blocks_kuikproxy(
     proxy: ProxyFactory, registry: tuple[Registry, TestServer], tmp_path: Path
 ) -> None:
