@@ -8,6 +8,7 @@ chose (``serveStale``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from typing import Literal
 
@@ -64,3 +65,17 @@ def outage(status: int | None) -> bool:
     unavailable (503: a registry down for maintenance, a CDN in front of one that is down).
     Other statuses, a 500 included, are the registry's own answer, relayed."""
     return status in (502, 503, 504)
+
+
+def manifest_type(body: bytes, labelled: str | None) -> str | None:
+    """The media type a manifest in the store is served with: the one its body declares
+    (``mediaType``: Docker's schema 2, OCI's manifests and indexes), else the label it was
+    stored with. The label is whatever ``Content-Type`` the first read of those bytes carried —
+    from any host, through the blobs route too — so a registry one runs could otherwise give
+    another registry's manifest a type that breaks its clients."""
+    try:
+        document = json.loads(body)
+    except ValueError:  # not JSON (UnicodeDecodeError is one): nothing declared
+        return labelled
+    declared = document.get("mediaType") if isinstance(document, dict) else None
+    return declared if isinstance(declared, str) and declared else labelled

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
@@ -25,7 +26,7 @@ from kuikproxy.blobs.store import BlobStore, BlobWriter, Stored, TagRecord
 from kuikproxy.config import Config
 from kuikproxy.core.images import BLOBS, MANIFESTS, Image
 from kuikproxy.core.reuse import accept_admits, owner_key
-from kuikproxy.core.stored import content_serves, owner_parts
+from kuikproxy.core.stored import content_serves, manifest_type, owner_parts
 from kuikproxy.core.tickets import Operation
 from kuikproxy.runtime.content import MAX_MANIFEST
 from kuikproxy.runtime.fills import Fill
@@ -118,12 +119,14 @@ class PullThrough:
         stored = self.store.lookup(digest)
         if stored is None:
             return None
-        if image.route == MANIFESTS and not (
-            stored.media_type and accept_admits(request.accept, stored.media_type)
-        ):  # R3: the registry negotiates a manifest; a type the client refuses goes there
-            stored.file.close()
-            return None
-        return self._counted(_body(stored), request)
+        media_type = stored.media_type
+        if image.route == MANIFESTS:
+            media_type = _manifest_type(stored)
+            if not (media_type and accept_admits(request.accept, media_type)):
+                # R3: the registry negotiates a manifest; a type the client refuses goes there
+                stored.file.close()
+                return None
+        return self._counted(_body(stored, media_type), request)
 
     def _counted(self, body: Body, request: RegistryRequest) -> Body:
         self.counts.reads[body.source] += 1
@@ -263,10 +266,19 @@ async def _finish(writer: BlobWriter) -> None:
         stored.file.close()
 
 
-def _body(stored: Stored) -> Body:
+def _manifest_type(stored: Stored) -> str | None:
+    """The type a manifest in the store is served with (:func:`manifest_type`); None, for the
+    registry to answer, when it is too big to be one."""
+    if stored.size > MAX_MANIFEST:
+        return None
+    body = os.pread(stored.file.fileno(), stored.size, 0)  # small, and in the page cache
+    return manifest_type(body, stored.media_type)
+
+
+def _body(stored: Stored, media_type: str | None) -> Body:
     size = stored.size
 
     async def ready(offset: int) -> int:
         return size
 
-    return Body(stored.digest, size, stored.media_type, stored.file, ready, "store")
+    return Body(stored.digest, size, media_type, stored.file, ready, "store")

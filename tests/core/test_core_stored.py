@@ -9,6 +9,7 @@ from kuikproxy.core.reuse import owner_key
 from kuikproxy.core.stored import (
     ServeStale,
     content_serves,
+    manifest_type,
     outage,
     owner_parts,
     serves_stale,
@@ -73,3 +74,25 @@ def test_an_outage_is_a_gateways_or_an_unavailable_registrys_answer() -> None:
         502, 503, 504,
     ]  # fmt: skip
     assert not outage(None)  # content from the disk
+
+
+OCI = "application/vnd.oci.image.manifest.v1+json"
+
+
+@pytest.mark.parametrize(
+    ("body", "labelled", "served"),
+    [
+        (b'{"schemaVersion": 2, "mediaType": "%s"}' % OCI.encode(), "text/html", OCI),
+        (b'{"schemaVersion": 2, "mediaType": "%s"}' % OCI.encode(), None, OCI),
+        (b'{"schemaVersion": 2}', OCI, OCI),  # an OCI manifest need not declare it
+        (b'{"schemaVersion": 2, "mediaType": ""}', OCI, OCI),
+        (b'{"schemaVersion": 2, "mediaType": 7}', OCI, OCI),
+        (b"[1, 2]", OCI, OCI),
+        (b"\xff\xfe not json", OCI, OCI),
+        (b"not json", None, None),
+    ],
+)
+def test_a_stored_manifest_is_served_with_the_type_it_declares(
+    body: bytes, labelled: str | None, served: str | None
+) -> None:
+    assert manifest_type(body, labelled) == served

@@ -238,6 +238,21 @@ async def test_r5_a_proof_opens_only_content_read_from_that_repository(
     assert len(fake.reads("blobs")) == 2
 
 
+async def two_registries(
+    aiohttp_server: Any, aiohttp_client: Any, store: Path, ours: Registry, other: Registry
+) -> Client:
+    """kuikproxy with a store before ``ours`` (``HOST``) and ``other`` (``other.test``, as a
+    registry a client runs under a wildcard would be), neither paced."""
+    servers = [await aiohttp_server(fake.app()) for fake in (ours, other)]
+    registries = "".join(
+        f"  {host}:\n    upstream: http://127.0.0.1:{server.port}\n    paced: false\n"
+        for host, server in zip((HOST, "other.test"), servers, strict=True)
+    )
+    text = f"{store_at(store)}\nregistries:\n{registries}"
+    client: Client = await aiohttp_client(build_app(parse_config(text)))
+    return client
+
+
 async def test_a_read_under_way_from_one_registry_is_not_followed_for_another(
     aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path
 ) -> None:
@@ -246,13 +261,7 @@ async def test_a_read_under_way_from_one_registry_is_not_followed_for_another(
     way's, nor does the read under way hold it back."""
     slow, other = Registry(blob_chunks=100), Registry()  # 100 chunks 10 ms apart: 1 s
     other.fail[f"/v2/app/blobs/{BLOB_DIGEST}"] = 404
-    servers = [await aiohttp_server(fake.app()) for fake in (slow, other)]
-    registries = "".join(
-        f"  {host}:\n    upstream: http://127.0.0.1:{server.port}\n    paced: false\n"
-        for host, server in zip((HOST, "other.test"), servers, strict=True)
-    )
-    text = f"{store_at(tmp_path)}\nregistries:\n{registries}"
-    client = await aiohttp_client(build_app(parse_config(text)))
+    client = await two_registries(aiohttp_server, aiohttp_client, tmp_path, slow, other)
 
     async def pull(host: str) -> tuple[int, float]:
         loop = asyncio.get_running_loop()
@@ -265,6 +274,28 @@ async def test_a_read_under_way_from_one_registry_is_not_followed_for_another(
     assert await pull("other.test") == (404, pytest.approx(0.3, abs=0.05))
     assert (await filling)[0] == 200
     assert len(slow.reads("blobs")) == len(other.reads("blobs")) == 1
+
+
+async def test_a_manifest_from_the_store_has_the_type_its_body_declares(
+    aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """The bytes of this registry's manifest were first read from another registry, through
+    its blobs route, labelled ``application/octet-stream``: the store holds them once, under
+    that label. Served from the store to this registry's clients, the manifest carries the
+    type its body declares, as its registry answers it, not the other registry's label."""
+    ours = Registry()
+    client = await two_registries(aiohttp_server, aiohttp_client, tmp_path, ours, Registry())
+    body = manifest_of("app", "v1")
+    digest = digest_of(body)
+    planted = await client.get(f"/v2/x/blobs/{digest}?ns=other.test")
+    assert planted.status == 200 and await planted.read() == body
+    for _ in range(2):
+        manifest = await client.get(
+            f"/v2/app/manifests/{digest}?ns={HOST}", headers={"Accept": f"{MANIFEST_TYPE}, */*"}
+        )
+        assert manifest.status == 200 and await manifest.read() == body
+        assert manifest.headers["Content-Type"] == MANIFEST_TYPE
+    assert len(ours.reads()) == 1  # the second from the store
 
 
 async def test_a_blob_read_whole_for_another_repository_is_then_served_from_the_store(
