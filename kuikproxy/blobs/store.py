@@ -50,8 +50,12 @@ log = logging.getLogger(__name__)
 
 FLUSH_DELAY = 1.0  # seconds: the most a change waits before the index is written
 FILE_THREADS = 4  # hashing and fsyncs of writers in parallel
-MAX_TAGS = 100_000
-MAX_GRANTS = 1_000_000
+# The catalog's bounds, oldest out (a lost grant or tag costs a registry read, never a leak).
+# Every name in them can be a client's own (a repository under a wildcard host, a token per
+# node that changes every few minutes): measured with all names distinct, a tag record is
+# ~1.2 KB and a grant ~0.7 KB, so these hold the catalog under ~125 MiB.
+MAX_TAGS = 50_000
+MAX_GRANTS = 100_000
 
 
 @dataclass(slots=True)
