@@ -152,9 +152,12 @@ class BlobStore:
             return None
         try:
             file: BinaryIO = open(self._layout.blob(digest), "rb", buffering=0)  # noqa: SIM115
-        except OSError as error:  # deleted behind the store's back
+        except FileNotFoundError as error:  # deleted behind the store's back
             log.warning("blob cache: cannot open %s (%s): forgotten", digest, error)
             self._drop(digest)
+            return None
+        except OSError as error:  # out of descriptors, say: the blob is still there
+            log.warning("blob cache: cannot open %s now (%s)", digest, error)
             return None
         self._touch(digest, blob)
         return Stored(digest, blob.size, blob.media_type, file)

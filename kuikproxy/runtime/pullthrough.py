@@ -116,6 +116,9 @@ class PullThrough:
                 return self._counted(fill.follower(None), request)
             except FileNotFoundError:  # it was moved into the store just now
                 pass
+            except OSError as error:  # out of descriptors, say: the registry's to answer
+                log.warning("cannot follow the read of %s (%s)", digest, error)
+                return None
         stored = self.store.lookup(digest)
         if stored is None:
             return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import random
 import sqlite3
@@ -283,6 +284,28 @@ async def test_resize_evicts_and_aborts(tmp_path: Path) -> None:
     assert writer.aborted
     assert disk_bytes(tmp_path) == 0
     await store.close()
+
+
+async def test_a_blob_that_cannot_be_opened_now_is_kept_and_one_gone_is_forgotten(
+    store: BlobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of descriptors (clients holding thousands of connections and files), a lookup
+    finds nothing now but the blob stays; a blob whose file was deleted behind the store's
+    back is forgotten."""
+    data = content(100, 40)
+    await put(store, data)
+    real_open = open
+
+    def out_of_descriptors(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr("builtins.open", out_of_descriptors)
+    assert store.lookup(digest(data)) is None
+    monkeypatch.setattr("builtins.open", real_open)
+    assert store.contains(digest(data)) and len(blob_files(tmp_path)) == 1
+    blob_files(tmp_path)[0].unlink()
+    assert store.lookup(digest(data)) is None
+    assert not store.contains(digest(data))
 
 
 async def test_an_open_file_still_reads_after_its_blob_is_evicted(tmp_path: Path) -> None:
