@@ -192,21 +192,27 @@ class PullThrough:
     def keep(self, request: RegistryRequest, answer: Answer) -> None:
         """A manifest kept (R1) goes to the store too: its body by digest (a GET's), and a
         tag's mapping to it with whose it is and when it was read (a GET's or a HEAD's), so
-        that a restart keeps it and an outage can serve it (§15)."""
+        that a restart keeps it and an outage can serve it (§15).
+
+        Only a GET's body, checked against its digest (``runtime.content.verified``), grants
+        the repository the digest: a HEAD names one it does not prove, and a registry run by
+        whoever asks would name someone's private layer. A tag's mapping from a HEAD is
+        served (:meth:`_answer`) only once a GET granted its digest there."""
         image = request.image
         if answer.status != 200 or image.route != MANIFESTS:
             return
         digest, media_type = answer.header("docker-content-digest"), answer.content_type
         if digest is None or media_type is None:
             return
-        if answer.method == "GET" and not self.store.contains(digest):
-            writer = self.store.writer(digest, len(answer.body), media_type)
-            if writer is None or not writer.write(answer.body):
-                return
-            task = self._loop.create_task(_finish(writer))
-            self._writing.add(task)  # finished at shutdown, not cancelled: it is small
-            task.add_done_callback(self._writing.discard)
-        self.store.grant(request.host, image.repository, digest, answer.owner)
+        if answer.method == "GET":
+            if not self.store.contains(digest):
+                writer = self.store.writer(digest, len(answer.body), media_type)
+                if writer is None or not writer.write(answer.body):
+                    return
+                task = self._loop.create_task(_finish(writer))
+                self._writing.add(task)  # finished at shutdown, not cancelled: it is small
+                task.add_done_callback(self._writing.discard)
+            self.store.grant(request.host, image.repository, digest, answer.owner)
         if not image.by_digest:
             read_at = time.time() - (self._loop.time() - answer.read_at)
             record = TagRecord(
@@ -247,6 +253,8 @@ class PullThrough:
         await self.store.close()
 
     def _answer(self, record: TagRecord) -> Answer | None:
+        if not self.store.owners(record.host, record.repository, record.digest):
+            return None  # named by a HEAD, never read from that repository (:meth:`keep`)
         stored = self.store.lookup(record.digest)
         if stored is None or stored.size > MAX_MANIFEST:
             return None
