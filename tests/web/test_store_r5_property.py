@@ -49,7 +49,7 @@ holds by digest to a blob GET of that digest, which the registry (distribution) 
 
 The property assumes honest registries: each one's ``Docker-Content-Digest`` is the digest of
 what it serves. A registry that lies in it (one run by whoever asks, under a wildcard) is the
-subject of :func:`test_a_registry_that_names_a_digest_it_lacks_in_a_head_gets_no_grant`.
+subject of :func:`test_a_registry_that_names_a_digest_it_lacks_in_a_head_gets_nothing_of_it`.
 """
 
 from __future__ import annotations
@@ -512,11 +512,14 @@ async def test_the_store_never_gives_what_the_registry_refuses(
 
 def liar(digest: str) -> web.Application:
     """A registry run by whoever asks (one reached under a wildcard, say): a HEAD of any tag
-    names ``digest``, which it does not hold; anything by digest is its 404."""
+    names ``digest``, which it does not hold; a GET of a tag is its 503 (down, so that a stale
+    answer is due); anything by digest is its 404."""
 
     async def manifest(request: web.Request) -> web.Response:
         if request.match_info["reference"].startswith("sha256:"):
             return error(404, "MANIFEST_UNKNOWN")
+        if request.method == "GET":
+            return error(503, "UNAVAILABLE")
         return web.Response(
             headers={"Content-Type": MANIFEST_TYPE, "Docker-Content-Digest": digest}
         )
@@ -530,26 +533,20 @@ def liar(digest: str) -> web.Application:
     return app
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a leak: PullThrough.keep grants (host, repository) the digest a HEAD by tag "
-    "announces, unchecked (a HEAD has no body to check it against), so a registry can name "
-    "any stored digest and have the store serve it under its own repository",
-)
-async def test_a_registry_that_names_a_digest_it_lacks_in_a_head_gets_no_grant(
+async def test_a_registry_that_names_a_digest_it_lacks_in_a_head_gets_nothing_of_it(
     tmp_path: Path,
 ) -> None:
     """alice pulls her private layer ``x`` from one.test. The registry of evil.test, run by
     whoever wants ``x`` (digests are no secret: image references, logs and CI carry them),
     answers an anonymous HEAD of a tag with ``Docker-Content-Digest`` naming ``x``. kuikproxy
-    keeps that check's answer (R1) and, as a tag's mapping for the store (§15), grants
-    evil.test/app the digest for the HEAD's owner — anonymous, so everyone. A GET of ``x``
-    under evil.test is then served from the disk, alice's layer to anyone, where evil.test
-    itself answers 404.
+    keeps that check's answer (R1) and, for the store (§15), the tag's mapping — but a HEAD
+    proves nothing of the digest it names, so none of the store's paths gives ``x`` under
+    evil.test: not a GET of the blob (evil.test's own 404), not the tag answered stale while
+    evil.test is down (``serveStale: true``: its own 503), not the tag after a restart.
 
-    A GET by tag is safe (its body's own digest is used, :func:`verified`); an unpaced host's
-    HEAD is relayed, not kept. With ``serveStale: true`` on evil.test the same grant also
-    serves ``x``'s bytes as the tag's "manifest" once evil.test answers 503."""
+    This was a leak found by the property above: the HEAD granted evil.test/app the digest,
+    for anyone. A GET by tag never could (its body's own digest is used, :func:`verified`);
+    an unpaced host's HEAD is relayed, not kept."""
     honest = await started(Upstream("one.test").app())
     lying = await started(liar(DIGEST["x"]))
     text = (
@@ -559,19 +556,33 @@ async def test_a_registry_that_names_a_digest_it_lacks_in_a_head_gets_no_grant(
         # paced, as a host reached under a wildcard is by default: an unpaced host's HEAD is
         # relayed, not kept
         f"  evil.test:\n    upstream: http://127.0.0.1:{port(lying)}\n{PACED}"
+        "    serveStale: true\n"
     )
-    client: TestClient[Any, Any] = TestClient(TestServer(build_app(parse_config(text))))
-    await client.start_server()
-    try:
-        stored = await send(client, Ask("one.test", "priv", "blob", "x", "alice", None))
-        assert stored.status == 200 and stored.body == BLOBS["x"]
-        head = await client.head("/v2/app/manifests/latest?ns=evil.test")
-        assert head.status == 200  # the liar's answer, relayed
-        got = await client.get(f"/v2/app/blobs/{DIGEST['x']}?ns=evil.test")
+
+    async def not_x(client: TestClient[Any, Any], path: str, status: int) -> None:
+        got = await client.get(f"{path}?ns=evil.test")
         body = await got.read()
-        assert not (got.status == 200 and body == BLOBS["x"]), "alice's layer, to anyone"
-        assert got.status == 404  # evil.test's own answer
+        assert not (got.status == 200 and BLOBS["x"] in body), f"alice's layer, at {path}"
+        assert got.status == status  # evil.test's own answer
+
+    try:
+        client: TestClient[Any, Any] = TestClient(TestServer(build_app(parse_config(text))))
+        await client.start_server()
+        try:
+            stored = await send(client, Ask("one.test", "priv", "blob", "x", "alice", None))
+            assert stored.status == 200 and stored.body == BLOBS["x"]
+            head = await client.head("/v2/app/manifests/latest?ns=evil.test")
+            assert head.status == 200  # the liar's answer, relayed
+            await not_x(client, f"/v2/app/blobs/{DIGEST['x']}", 404)
+            await not_x(client, "/v2/app/manifests/latest", 503)
+        finally:
+            await client.close()
+        restarted: TestClient[Any, Any] = TestClient(TestServer(build_app(parse_config(text))))
+        await restarted.start_server()
+        try:
+            await not_x(restarted, "/v2/app/manifests/latest", 503)
+        finally:
+            await restarted.close()
     finally:
-        await client.close()
         await honest.close()
         await lying.close()
