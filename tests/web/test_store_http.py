@@ -65,6 +65,15 @@ def get(client: Client, path: str, resource: str = "node", **headers: str) -> An
     return client.get(f"/v2/app/{path}?ns={HOST}", headers={"Kuik-Resource": resource, **headers})
 
 
+def signed(client: Client, path: str, user: str) -> Any:
+    """A GET of ``/v2/<path>`` as ``user`` (Basic, the password its first letter), a resource
+    of its own."""
+    authorization = "Basic " + base64.b64encode(f"{user}:{user[0]}".encode()).decode()
+    return client.get(
+        f"/v2/{path}?ns={HOST}", headers={"Kuik-Resource": user, "Authorization": authorization}
+    )
+
+
 async def test_ten_clients_of_one_blob_cost_the_registry_one_read(
     proxy: ProxyFactory, registry: tuple[Registry, TestServer], tmp_path: Path
 ) -> None:
@@ -182,27 +191,16 @@ async def test_r5_a_blob_read_with_a_clients_credentials_needs_proof_of_access(
     him."""
     fake = Registry(auth=Auth({"alice": "a", "bob": "b", "eve": "e"}, readers={"alice", "bob"}))
     server = await aiohttp_server(fake.app())
-    alice, bob, eve = (
-        "Basic " + base64.b64encode(f"{u}:{u[0]}".encode()).decode()
-        for u in ("alice", "bob", "eve")
-    )
     client = await aiohttp_client(build_app(parse_config(config(server, tmp_path))))
-
-    def private(path: str, resource: str, authorization: str) -> Any:
-        return client.get(
-            f"/v2/private/app/{path}?ns={HOST}",
-            headers={"Kuik-Resource": resource, "Authorization": authorization},
-        )
-
-    response = await private(f"blobs/{BLOB_DIGEST}", "alice", alice)
+    response = await signed(client, f"private/app/blobs/{BLOB_DIGEST}", "alice")
     assert response.status == 200 and await response.read() == BLOB
-    response = await private(f"blobs/{BLOB_DIGEST}", "eve", eve)
+    response = await signed(client, f"private/app/blobs/{BLOB_DIGEST}", "eve")
     assert response.status == 403  # the registry's answer: the store gave eve nothing
     assert len(fake.reads("blobs")) == 2
-    manifest = await private("manifests/v1", "bob", bob)
+    manifest = await signed(client, "private/app/manifests/v1", "bob")
     assert manifest.status == 200
     await manifest.read()
-    response = await private(f"blobs/{BLOB_DIGEST}", "bob", bob)
+    response = await signed(client, f"private/app/blobs/{BLOB_DIGEST}", "bob")
     assert response.status == 200 and await response.read() == BLOB
     assert len(fake.reads("blobs")) == 2  # bob proved access: served from the store
 
@@ -217,23 +215,13 @@ async def test_r5_a_proof_opens_only_content_read_from_that_repository(
     fake = Registry(auth=Auth({"alice": "a", "eve": "e"}, readers={"alice"}))
     fake.fail[f"/v2/app/blobs/{BLOB_DIGEST}"] = 404
     server = await aiohttp_server(fake.app())
-    alice, eve = (
-        "Basic " + base64.b64encode(f"{u}:{u[0]}".encode()).decode() for u in ("alice", "eve")
-    )
     client = await aiohttp_client(build_app(parse_config(config(server, tmp_path))))
-
-    def read(path: str, resource: str, authorization: str) -> Any:
-        return client.get(
-            f"/v2/{path}?ns={HOST}",
-            headers={"Kuik-Resource": resource, "Authorization": authorization},
-        )
-
-    response = await read(f"private/app/blobs/{BLOB_DIGEST}", "alice", alice)
+    response = await signed(client, f"private/app/blobs/{BLOB_DIGEST}", "alice")
     assert response.status == 200 and await response.read() == BLOB
-    manifest = await read("app/manifests/v1", "eve", eve)
+    manifest = await signed(client, "app/manifests/v1", "eve")
     assert manifest.status == 200
     await manifest.read()
-    response = await read(f"app/blobs/{BLOB_DIGEST}", "eve", eve)
+    response = await signed(client, f"app/blobs/{BLOB_DIGEST}", "eve")
     assert response.status == 404  # the registry's answer
     assert len(fake.reads("blobs")) == 2
 
