@@ -5,6 +5,7 @@ where a newcomer looks first."""
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,14 +28,19 @@ def test_every_module_it_names_exists() -> None:
     assert not gone, f"docs/architecture.md names modules that do not exist: {gone}"
 
 
-MAX_LINES = 400
+WARN_LINES = 500
 
 
-def test_no_module_is_longer_than_it_can_be_read_in_one_sitting() -> None:
-    """Small modules named for what they hold: none of kuikproxy's over 400 lines."""
+def test_a_module_longer_than_it_can_be_read_in_one_sitting_is_told() -> None:
+    """Modules are cut along concerns, not sizes: a module past :data:`WARN_LINES` is a warning
+    to look at what it holds, not a rule to split it in two; past twice that it fails."""
     lines = {
         str(p.relative_to(ROOT)): len(p.read_text("utf-8").splitlines())
         for p in PACKAGE.rglob("*.py")
     }
-    long = {name: n for name, n in lines.items() if n > MAX_LINES}
-    assert not long, long
+    for name, n in sorted(lines.items()):
+        if n > WARN_LINES:
+            warnings.warn(f"{name} has {n} lines: does it hold one concern?", stacklevel=1)
+    # twice that is more than one sitting, whatever it holds
+    unreadable = {name: n for name, n in lines.items() if n > 2 * WARN_LINES}
+    assert not unreadable, unreadable

@@ -25,6 +25,8 @@ class Hasher(Protocol):
 
     def hexdigest(self) -> str: ...
 
+    def copy(self) -> Hasher: ...
+
 
 _ALGORITHMS: dict[str, Callable[[], Hasher]] = {
     "sha256": hashlib.sha256,

@@ -70,6 +70,8 @@ def check_reference(reference: str) -> str:
 # Routes under /v2/<repository>/ that read what a ring holds: manifests (images proper), and the
 # tag list and referrers of a repository, which are paced on the check series too (§4.1).
 MANIFESTS, BLOBS, TAGS, REFERRERS = "manifests", "blobs", "tags", "referrers"
+# the kinds of read a registry counts apart (Docker Hub counts a manifest GET as a pull)
+READ_KINDS = ("manifest-tag", "manifest-digest", "blob", "referrers", "tags")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +117,13 @@ class Image:
     @property
     def by_digest(self) -> bool:
         return is_digest(self.reference)
+
+    @property
+    def kind(self) -> str:
+        """Which of :data:`READ_KINDS` a read of it is."""
+        if self.route == MANIFESTS:
+            return "manifest-digest" if self.by_digest else "manifest-tag"
+        return "blob" if self.route == BLOBS else self.route
 
     def with_reference(self, reference: str) -> Image:
         return Image(self.host, self.repository, reference, self.route)

@@ -21,7 +21,7 @@ from prometheus_client.utils import floatToGoString
 from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.quota import BucketView, QuotaSnapshot
 from kuikproxy.runtime.fleet import FleetView
-from kuikproxy.runtime.snapshot import RingStat, Snapshot, StoreStats
+from kuikproxy.runtime.snapshot import ReadStats, RingStat, Snapshot, StoreStats
 
 Scraped = Callable[[], Snapshot]
 """The snapshot of the scrape under way."""
@@ -283,6 +283,37 @@ class FleetCollector(_Scraping):
             connected.add_metric([], float(fleet.connected))
             size.add_metric([], float(fleet.size))
         return [connected, size]
+
+
+class ReadCollector(_Scraping):
+    """Reads by kind: those served by another's read (R2), those sent to the registries."""
+
+    def describe(self) -> list[Metric]:
+        return self._families(None)
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families(self._scraped().reads))
+
+    @staticmethod
+    def _families(reads: ReadStats | None) -> list[Metric]:
+        shared = CounterMetricFamily(
+            "kuik_proxy_reads_shared",
+            "Requests served by another request's registry read, by kind: a read in flight "
+            "they followed, or their window's (R2).",
+            labels=["kind"],
+        )
+        registry = CounterMetricFamily(
+            "kuik_proxy_registry_reads",
+            "Requests sent to the registries, by kind (manifest-tag, manifest-digest, blob, "
+            "referrers, tags): what a registry's own access log counts.",
+            labels=["kind"],
+        )
+        if reads is not None:
+            for kind, count in reads.shared.items():
+                shared.add_metric([kind], count)
+            for kind, count in reads.registry.items():
+                registry.add_metric([kind], count)
+        return [shared, registry]
 
 
 class StoreCollector(_Scraping):

@@ -24,7 +24,13 @@ MAX_MANIFEST = 4 * 1024 * 1024  # distribution's own limit on a manifest's size
 def verified(request: RegistryRequest, answer: Answer) -> Answer:
     """``answer`` to ``request`` as it may be served and kept, or :class:`ContentMismatch`."""
     image = request.image
-    if answer.status != 200 or image.route != MANIFESTS:
+    if answer.status != 200:
+        return answer
+    if image.route != MANIFESTS:
+        # a blob's bytes are checked as they are relayed; what its answer says it is, here
+        announced = answer.header("docker-content-digest")
+        if image.by_digest and announced is not None and announced != image.reference:
+            raise mismatch(request.host, image.repository, image.reference)
         return answer
     encoding = answer.header("content-encoding")
     if encoding is not None and encoding.strip().lower() != "identity":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from multidict import CIMultiDict
 from yarl import URL
@@ -122,7 +122,8 @@ class RegistryRequest:
     def upstream(self, base: URL, timeout: float | None) -> UpstreamRequest:
         """The registry request for this read, built once it may go (never while it waits):
         the one way a read becomes a request, whether a window's or a client's own."""
-        return UpstreamRequest(self.method, self.url(base), self.headers, timeout)
+        image = self.image
+        return UpstreamRequest(self.method, self.url(base), self.headers, timeout, kind=image.kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +243,20 @@ class Body:
         )
 
 
+class Shared(Protocol):
+    """A blob by digest followed from one registry read with others (:mod:`kuikproxy.runtime.
+    fanout`): its 200's headers and length, then its bytes; an
+    :class:`~kuikproxy.errors.UpstreamError` when the read fails or is not its content."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def headers(self) -> Headers: ...
+
+    def pieces(self) -> AsyncIterator[bytes]: ...
+
+
 @dataclass(slots=True)  # one per read: not frozen, see RegistryRequest
 class Reply:
     """What a read gets from the runtime: a whole ``answer`` (kept, R1, or read once for every
@@ -250,6 +265,7 @@ class Reply:
     answer: Answer | None = None
     opened: Opened | None = None
     body: Body | None = None
+    shared: Shared | None = None  # a blob given from memory (runtime.fanout)
     hit: bool = False  # a kept answer served it at once (R1)
     stale: bool = False  # kept, given while its host is blocked, however old (§11, P14)
 
@@ -259,4 +275,6 @@ class Reply:
         disk."""
         if self.opened is not None:
             return self.opened.status
+        if self.shared is not None:
+            return 200
         return None if self.answer is None else self.answer.status

@@ -38,6 +38,7 @@ from kuikproxy.runtime.collectors import (
     FlowControlCollector,
     PacingCollector,
     QuotaCollector,
+    ReadCollector,
     RefusalCollector,
     StoreCollector,
     ring_families,
@@ -81,6 +82,7 @@ class Metrics:
             FlowControlCollector,
             QuotaCollector,
             FleetCollector,
+            ReadCollector,
             StoreCollector,
         ):
             self.registry.register(collector(self._scrape))

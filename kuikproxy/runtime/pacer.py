@@ -29,6 +29,7 @@ from kuikproxy.errors import Unavailable, UpstreamTimeout
 from kuikproxy.fleet.backend import FleetBackend
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.fleet import FleetLink
+from kuikproxy.runtime.flights import Flights
 from kuikproxy.runtime.flow import FlowGate
 from kuikproxy.runtime.host import Admitted
 from kuikproxy.runtime.hosts import Hosts, limits_of
@@ -42,6 +43,7 @@ from kuikproxy.runtime.messages import (
     RegistryRequest,
 )
 from kuikproxy.runtime.pings import Pings
+from kuikproxy.runtime.proofs import Proofs
 from kuikproxy.runtime.pullthrough import PullThrough
 from kuikproxy.runtime.read import Read
 from kuikproxy.runtime.reads import send
@@ -69,6 +71,9 @@ class Pacer(Hosts):
     ) -> None:
         loop = self.loop = loop or asyncio.get_running_loop()
         self.started = loop.time()
+        # who proved access to which repository lately (R5): content by digest is theirs too
+        self.proofs = Proofs(lambda host: self.config.registry(host).copy.follow_up)
+        self.flights = Flights(self.proofs, loop)  # reads in flight, shared (R2)
         self.wall_offset = time.time() - self.started  # for /status: loop time → wall time
         self.services = Services(
             loop=loop,
@@ -81,6 +86,7 @@ class Pacer(Hosts):
             sweeps=Sweeps(loop, self._sweep),
             durable=durable,
             fleet=None if fleet is None else FleetLink(fleet, loop, self.wall_offset),
+            flights=self.flights,
         )
         s = self.services
         self.registries, self.kept, self.census, self.sweeps = (
@@ -91,7 +97,7 @@ class Pacer(Hosts):
         )  # fmt: skip
         self.waits: list[WaitObserver] = []
         # the pull-through store (§15), if one is configured
-        self.cache = None if store is None else PullThrough(store, lambda: self.config, s.spawn)
+        self.cache = None if store is None else PullThrough(store, self.proofs, s.spawn)
         s.cache = self.cache
         self.pings = Pings(registries, loop.time)
         self.closed = False

@@ -6,8 +6,7 @@ Whose content is whose follows R5, as for kept answers: what was read anonymousl
 kuikproxy's own credentials serves every client; what was read with a client's own
 ``Authorization`` serves a request that proves access to that repository the same way — the
 identical ``Authorization``, or a manifest of that repository answered 200 to it within
-``copy.followUp`` (:meth:`PullThrough.proved`; registries give each client a token of its own,
-so the identical header alone would share nothing).
+``copy.followUp`` (:mod:`~kuikproxy.runtime.proofs`).
 """
 
 from __future__ import annotations
@@ -16,14 +15,12 @@ import asyncio
 import logging
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 from kuikproxy.blobs.store import BlobStore, BlobWriter, Stored, TagRecord
-from kuikproxy.config import Config
 from kuikproxy.core.images import BLOBS, MANIFESTS, Image
 from kuikproxy.core.reuse import accept_admits, owner_key
 from kuikproxy.core.stored import content_serves, manifest_type, owner_parts
@@ -32,12 +29,11 @@ from kuikproxy.runtime.content import MAX_MANIFEST
 from kuikproxy.runtime.fills import Fill
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.messages import Answer, Body, Opened, RegistryRequest
+from kuikproxy.runtime.proofs import Proofs
 
 log = logging.getLogger(__name__)
 
 SOURCES = ("store", "shared", "registry")
-MAX_PROOFS = 100_000  # (host, repository, whose) proofs of access kept at once, oldest out
-_Proof = tuple[str, str, str | None]
 
 
 @dataclass(slots=True)
@@ -60,37 +56,17 @@ class PullThrough:
     def __init__(
         self,
         store: BlobStore,
-        config: Callable[[], Config],
+        proofs: Proofs,
         spawn: Callable[[Coroutine[Any, Any, None]], None],
     ) -> None:
         self.store = store
         self._spawn = spawn  # a task the runtime cancels and awaits at shutdown
-        self._config = config  # the config in force (a reload swaps it)
         self._fills: dict[str, Fill] = {}
         self._fill_owners: dict[str, tuple[str, str, str | None]] = {}
-        self._proofs: OrderedDict[_Proof, float] = OrderedDict()  # → monotonic time
-        # (host, digest) of blobs whose one read is being sent
-        self._opening: dict[tuple[str, str], asyncio.Event] = {}
+        self._proofs = proofs
         self._loop = asyncio.get_running_loop()
         self._writing: set[asyncio.Task[None]] = set()  # manifests on their way to the disk
         self.counts = CacheCounts()
-
-    # -- R5 -------------------------------------------------------------------------------
-
-    def proved(self, request: RegistryRequest) -> None:
-        """``request`` was given a 200 manifest of its repository: whoever sent it may read that
-        repository's content (R5), for ``copy.followUp``."""
-        key = (request.host, request.image.repository, owner_key(request.auth, request.signer))
-        self._proofs[key] = time.monotonic()
-        self._proofs.move_to_end(key)
-        if len(self._proofs) > MAX_PROOFS:
-            self._proofs.popitem(last=False)
-
-    def _proved(self, request: RegistryRequest) -> bool:
-        key = (request.host, request.image.repository, owner_key(request.auth, request.signer))
-        at = self._proofs.get(key)
-        follow_up = self._config().registry(request.host).copy.follow_up
-        return at is not None and time.monotonic() - at < follow_up
 
     # -- reads by digest ------------------------------------------------------------------
 
@@ -109,7 +85,7 @@ class PullThrough:
                 owners |= {fill_owner}
             else:  # being read for another repository: not this request's to follow (R5)
                 fill = None
-        if not content_serves(owners, self._proved(request), request.auth, request.signer):
+        if not content_serves(owners, self._proofs.holds(request), request.auth, request.signer):
             return None
         if fill is not None:
             try:
@@ -171,21 +147,6 @@ class PullThrough:
         """A client's read of ``body`` ended, ``body.sent`` bytes of it given."""
         self.counts.bytes[body.source] += body.sent
         body.file.close()
-
-    def claim(self, host: str, digest: str) -> asyncio.Event | None:
-        """Before a blob GET goes to ``host``: None makes this read the one that goes (call
-        :meth:`release` once its fill started or it gave up); otherwise what to wait for
-        before looking again — concurrent clients of one blob must not each read it. By host:
-        a read from a registry one runs must not hold back another registry's clients."""
-        opening = self._opening.get((host, digest))
-        if opening is None:
-            self._opening[host, digest] = asyncio.Event()
-        return opening
-
-    def release(self, host: str, digest: str) -> None:
-        opening = self._opening.pop((host, digest), None)
-        if opening is not None:
-            opening.set()
 
     # -- manifests ------------------------------------------------------------------------
 

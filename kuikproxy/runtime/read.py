@@ -10,12 +10,14 @@ renders what it yields; it never sees the upstream client.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Coroutine, Generator
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Generator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from kuikproxy.core.images import BLOBS, MANIFESTS
+from kuikproxy.core.reuse import owner_key
 from kuikproxy.core.stored import outage
 from kuikproxy.core.tickets import Operation
 from kuikproxy.errors import (
@@ -25,14 +27,17 @@ from kuikproxy.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from kuikproxy.runtime.messages import Answer, Body, Go, Reply
+from kuikproxy.runtime.content import mismatch
+from kuikproxy.runtime.fanout import FanOut, Follower
+from kuikproxy.runtime.flights import Flight, Outcome
+from kuikproxy.runtime.messages import Answer, Body, Go, Opened, RegistryRequest, Reply
 from kuikproxy.runtime.parking import Waiter
+from kuikproxy.runtime.proofs import Proofs
 from kuikproxy.runtime.pullthrough import PullThrough, stored_by_digest
 from kuikproxy.runtime.reads import whole
 
 if TYPE_CHECKING:  # the pacer makes reads; a read only calls it back
     from kuikproxy.runtime.host import Admitted
-    from kuikproxy.runtime.messages import RegistryRequest
     from kuikproxy.runtime.pacer import Pacer
 
 
@@ -43,7 +48,10 @@ class Read:
     Written out rather than made with ``asynccontextmanager``: a held request pays for every
     frame it sits in, and a kept answer for every object made on its way (the hot path)."""
 
-    __slots__ = ("_body", "_connection", "_early", "_go", "_opened", "_pacer", "_request")
+    __slots__ = (
+        "_body", "_connection", "_early", "_follower", "_go", "_opened", "_pacer", "_request",
+        "_timeout",
+    )  # fmt: skip
 
     def __init__(self, pacer: Pacer, request: RegistryRequest, connection: object = None) -> None:
         self._pacer = pacer
@@ -53,6 +61,8 @@ class Read:
         self._opened: AsyncExitStack | None = None  # the seat and the registry's answer
         self._body: Body | None = None  # content on disk, this client's to close
         self._early: Admitted | RegistryError | None = None  # admitted before it was entered
+        self._follower: Follower | None = None  # its place in a blob given from memory
+        self._timeout: float | None = None  # its upstream read's, for the rest of a blob
 
     def __aenter__(self) -> Awaitable[Reply]:
         """The read itself, not a coroutine awaiting it: a held request pays for every frame
@@ -126,31 +136,24 @@ class Read:
         everyone; a manifest by tag stale while its registry cannot be asked."""
         pacer, request = self._pacer, self._request
         image = request.image
-        claimed = None
+        if stored_by_digest(image):
+            stored = await self._stored(cache)
+            if stored is not None:
+                return stored
+        # only a manifest by tag is ever stale: the rest pays nothing for it
+        stale = image.route == MANIFESTS and not image.by_digest
+        blocked = stale and pacer.blocked_until(request.host, pacer.loop.time()) is not None
+        if blocked and (kept := self._stale(cache)) is not None:
+            return kept
         try:
-            if stored_by_digest(image):
-                body = await self._stored(cache)
-                if body is not None:
-                    return Reply(body=body, hit=body.source == "store")
-                if image.route == BLOBS and request.method == "GET":
-                    claimed = image.reference  # this read is the one that goes (claim)
-            # only a manifest by tag is ever stale: the rest pays nothing for it
-            stale = image.route == MANIFESTS and not image.by_digest
-            blocked = stale and pacer.blocked_until(request.host, pacer.loop.time()) is not None
-            if blocked and (kept := self._stale(cache)) is not None:
+            reply = await self._reply()
+        except (UpstreamUnreachable, UpstreamTimeout):
+            if stale and (kept := self._stale(cache)) is not None:
                 return kept
-            try:
-                reply = await self._reply()
-            except (UpstreamUnreachable, UpstreamTimeout):
-                if stale and (kept := self._stale(cache)) is not None:
-                    return kept
-                raise
-            if stale and outage(reply.status) and (kept := self._stale(cache)) is not None:
-                return kept  # a gateway that could not reach the registry, or it is down
-            return await self._kept(cache, reply)
-        finally:
-            if claimed is not None:
-                cache.release(request.host, claimed)
+            raise
+        if stale and outage(reply.status) and (kept := self._stale(cache)) is not None:
+            return kept  # a gateway that could not reach the registry, or it is down
+        return self._kept(cache, reply)
 
     def _stale(self, cache: PullThrough) -> Reply | None:
         """The stored manifest the request's tag last named, however old, when ``serveStale``
@@ -160,42 +163,38 @@ class Read:
         answer = cache.stale(self._request)
         return None if answer is None else Reply(answer=answer, hit=True, stale=True)
 
-    async def _stored(self, cache: PullThrough) -> Body | None:
-        """``request``'s content from the store or a read under way, waiting while another
-        client's read of the same blob is being sent (it may serve this one too)."""
-        request = self._request
+    async def _stored(self, cache: PullThrough) -> Reply | None:
+        """``request``'s content from the store or a fill under way, or what another client's
+        registry read of it in flight gave (R2), waiting for that read to land: a blob it
+        brings goes to the store, and is looked for there again."""
+        request, flights = self._request, self._pacer.flights
         while True:
             body = cache.find(request)
             if body is not None:
                 self._body = body
-                return body
-            if request.image.route != BLOBS or request.method != "GET":
+                flights.count(request, body.source == "shared")
+                return Reply(body=body, hit=body.source == "store")
+            flight = flights.joinable(request)
+            if flight is None:
                 return None
-            opening = cache.claim(request.host, request.image.reference)
-            if opening is None:
-                return None
-            await opening.wait()
+            outcome = await asyncio.shield(flight.landed)
+            if outcome is not None:  # an answer (a refusal, say), not a blob for the store
+                return self._follow(flights.given(outcome, request))
 
-    async def _kept(self, cache: PullThrough, reply: Reply) -> Reply:
+    def _kept(self, cache: PullThrough, reply: Reply) -> Reply:
         """What of the registry's answer the store keeps: a blob's bytes (for everyone who
-        asks, :meth:`PullThrough.fill`), a manifest by digest, proofs of access (R5)."""
+        asks, :meth:`PullThrough.fill`), a manifest by digest (R1, §15)."""
         request, opened, image = self._request, reply.opened, self._request.image
-        if reply.status != 200:
+        if reply.status != 200 or request.method != "GET":
             return reply
-        if image.route == MANIFESTS:
-            cache.proved(request)
-        if opened is None or request.method != "GET":
-            return reply
-        if image.route == BLOBS:
+        if image.route == BLOBS and opened is not None:
             assert self._opened is not None
             body = cache.fill(request, opened, self._opened)
             if body is not None:
                 self._opened, self._body = None, body  # the fill holds the read from now on
                 return Reply(body=body)
-        elif image.by_digest:  # a manifest of an open copy: small, checked, kept on disk
-            answer = await whole(request, opened, self._pacer.loop.time())
-            cache.keep(request, answer)
-            return Reply(answer=answer)
+        elif image.route == MANIFESTS and image.by_digest and reply.answer is not None:
+            cache.keep(request, reply.answer)  # a manifest of an open copy: kept on disk
         return reply
 
     def _reply(self) -> Awaitable[Reply]:
@@ -203,7 +202,7 @@ class Read:
         (:class:`_Held`), so a held request sits in no frame of the read's."""
         pacer, request = self._pacer, self._request
         if not request.paced:  # a destination kuik owns (§4.3): straight through
-            return self._open(None, seated=True)
+            return self._send(None, seated=True)
         if request.gate.paced_exempt and request.flow.exempt:
             return self._exempt()
         if pacer.fleet is not None and request.operation is Operation.CHECK:
@@ -219,6 +218,7 @@ class Read:
 
     def _then(self, admitted: Admitted) -> Awaitable[Reply]:
         if isinstance(admitted, Answer):
+            _prove(self._pacer.proofs, self._request, admitted)
             return _at_once(Reply(answer=admitted, hit=True))
         if isinstance(admitted, Waiter):
             if self._connection is not None:
@@ -234,7 +234,7 @@ class Read:
                 timeout = pacer.check_timeout(request.host)
             else:
                 timeout = pacer.left(go, request.host)
-            reply = await self._open(timeout, seated=True)
+            reply = await self._send(timeout, seated=True)
         except BaseException:
             go.done()  # its part of the copy ends here: it never went
             raise
@@ -251,8 +251,95 @@ class Read:
             cache = self._pacer.cache
             if self._body is not None and cache is not None:
                 cache.sent(self._body)
+            if self._follower is not None:
+                self._follower.close()
             if self._go is not None:
                 self._go.done()
+
+    async def _send(self, timeout: float | None, *, seated: bool) -> Reply:
+        """The read goes upstream — unless the same read is in flight and may serve it (R2):
+        it follows that one then, and reads on its own only when what landed is not its."""
+        pacer, request = self._pacer, self._request
+        flights = pacer.flights
+        flight = flights.joinable(request)
+        if flight is not None:
+            landed = await asyncio.shield(flight.landed)
+            reply = self._follow(flights.given(landed, request))
+            if reply is None and pacer.cache is not None and stored_by_digest(request.image):
+                reply = await self._stored(pacer.cache)  # its blob went to the store
+            if reply is not None:
+                return reply
+        self._timeout = timeout
+        flight = flights.take_off(request)
+        outcome: Outcome = None
+        try:
+            opened = await self._open(timeout, seated=seated)
+            reply, outcome = await self._landing(opened, flight)
+        except RegistryError as error:
+            outcome = error
+            raise
+        finally:
+            flights.land(flight, outcome)
+        return reply
+
+    def _follow(self, given: Outcome) -> Reply | None:
+        """A follower's reply from what a read in flight gave it (:meth:`Flights.given`)."""
+        if given is None:
+            return None
+        if isinstance(given, Answer):
+            _prove(self._pacer.proofs, self._request, given)
+            return Reply(answer=given)
+        if isinstance(given, FanOut):
+            self._follower = given.follower(self._rest)
+            return Reply(shared=self._follower)
+        raise given
+
+    async def _landing(self, reply: Reply, flight: Flight) -> tuple[Reply, Outcome]:
+        """The registry's answer to this read, and what of it others may follow: a blob's 200
+        from memory (:class:`FanOut`), or the store's fill (its followers look there again);
+        anything else read whole now (small: manifests, lists, refusals), the seat let go."""
+        pacer, request, opened = self._pacer, self._request, reply.opened
+        assert opened is not None and self._opened is not None
+        image = request.image
+        if image.route == BLOBS and request.method == "GET" and opened.status == 200:
+            content = opened.content
+            if (
+                content is not None
+                and opened.headers.get("Docker-Content-Digest", content.digest) != content.digest
+            ):
+                raise mismatch(request.host, image.repository, content.digest)
+            length = opened.headers.get("Content-Length", "")
+            if pacer.cache is not None or content is None or not length.isdigit():
+                return reply, None  # the store's, or not one to share
+            if not flight.followed:  # nobody else asked meanwhile: relayed alone, in a thread
+                return reply, None
+            stack, self._opened = self._opened, None  # the read's from now on
+            owner = owner_key(request.auth, request.signer)
+            ended = pacer.flights.ended
+            fan = FanOut(
+                opened, stack, content, int(length), owner=owner, ended=lambda _: ended(flight)
+            )
+            pacer.services.spawn(fan.run())
+            self._follower = fan.follower(self._rest)
+            return Reply(shared=self._follower), fan
+        try:
+            answer = await whole(request, opened, pacer.loop.time())
+        finally:
+            stack, self._opened = self._opened, None
+            await stack.aclose()
+        _prove(pacer.proofs, request, answer)
+        return Reply(answer=answer), answer
+
+    @asynccontextmanager
+    async def _rest(self, offset: int) -> AsyncIterator[Opened]:
+        """This client's own read of its blob from ``offset``, once it fell too far behind the
+        one it followed (:class:`FanOut`): a ``Range`` read with the host's quota and a seat."""
+        pacer, request = self._pacer, self._request
+        sent = request.sent
+        headers = tuple(sent.items()) if not isinstance(sent, tuple) else sent
+        rest = replace(request, sent=(*headers, ("Range", f"bytes={offset}-")))
+        async with pacer.upstream(rest), pacer.send_read(rest, self._timeout) as opened:
+            yield opened
 
     async def _open(self, timeout: float | None, *, seated: bool) -> Reply:
         """Send the read with the host's quota and a seat (``seated``), or with a seat that
@@ -279,7 +366,7 @@ class Read:
         now = pacer.loop.time()
         until = pacer.blocked_until(request.host, now)
         if until is None:
-            return await self._open(pacer.check_timeout(request.host), seated=False)
+            return await self._send(pacer.check_timeout(request.host), seated=False)
         kept = pacer.kept.find(request)
         if kept is None:
             raise TooManyRequests(
@@ -301,6 +388,12 @@ def _not_idle(connection: object) -> None:
     keep_alive = getattr(connection, "keep_alive", None)
     if callable(keep_alive):
         keep_alive(True)
+
+
+def _prove(proofs: Proofs, request: RegistryRequest, answer: Answer) -> None:
+    """A client given a 200 manifest proved access to its repository (R5)."""
+    if answer.status == 200 and request.image.route == MANIFESTS:
+        proofs.proved(request)
 
 
 async def _at_once(reply: Reply) -> Reply:
@@ -344,6 +437,7 @@ class _Held(Generator[Any, None, Reply]):
         for waited in self._read._pacer.waits:
             waited(request.host, request.operation, waiter.parking.loop.time() - waiter.since)
         if isinstance(outcome, Answer):
+            _prove(self._read._pacer.proofs, request, outcome)
             raise StopIteration(Reply(answer=outcome))
         self._then = self._read._upstream(outcome)
         return self._then.send(None)

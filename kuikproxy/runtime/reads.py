@@ -8,6 +8,7 @@ parked requests: answered whole, released to go themselves, or refused.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -112,13 +113,33 @@ class Reader:
     async def fetch(self, request: RegistryRequest, at: float, timeout: float | None) -> Answer:
         """One upstream read, whole (manifests and error bodies are small), its content checked
         against its digest (:func:`verified`); the series stays busy while it waits for the
-        host's quota and a seat."""
+        host's quota and a seat. The same read in flight already (a client's follow-up, say)
+        answers it when what it brings serves ``request`` (R2)."""
+        flights = self.services.flights
+        flight = flights.joinable(request)
+        if flight is not None:
+            given = flights.given(await asyncio.shield(flight.landed), request)
+            if isinstance(given, (Answer, RegistryError)):
+                if isinstance(given, RegistryError):
+                    raise given
+                return given
         registries = self.services.registries
-        seat = self.budget.seat(request.image, request.method, request.authorization, request.flow)
-        async with seat:
-            upstream = request.upstream(registries.base(self.name), timeout)
-            async with send(registries, self.name, upstream) as response:
-                return await whole(request, response, at)
+        flight = flights.take_off(request)
+        outcome: Answer | RegistryError | None = None
+        try:
+            seat = self.budget.seat(
+                request.image, request.method, request.authorization, request.flow
+            )
+            async with seat:
+                upstream = request.upstream(registries.base(self.name), timeout)
+                async with send(registries, self.name, upstream) as response:
+                    outcome = await whole(request, response, at)
+                    return outcome
+        except RegistryError as error:
+            outcome = error
+            raise
+        finally:
+            flights.land(flight, outcome)
 
     async def check_read(self, read: Read) -> None:
         sent, request = self.template(read)
@@ -200,7 +221,11 @@ class Reader:
         request_of = self.parking.request_of
         riders = self.scheduler.riders(read)
         pending = {t: r for t in (*read.tickets, *riders) if (r := request_of(t)) is not None}
-        return served_by(pending, sent, lambda t: answer.may_serve(pending[t]))
+        served = served_by(pending, sent, lambda t: answer.may_serve(pending[t]))
+        if served:  # those but the one whose request went shared its read (R2)
+            others = len(served) - (sent in served)
+            self.services.flights.count(pending[served[0]], others)
+        return served
 
     async def fleet_answer(self, request: RegistryRequest) -> Answer | None:
         """An answer another proxy of the fleet read within ``cache.maxAge`` that serves

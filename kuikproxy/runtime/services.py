@@ -18,6 +18,7 @@ from kuikproxy.core.limits import Census
 from kuikproxy.core.tickets import Operation, WindowResult
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.fleet import FleetLink
+from kuikproxy.runtime.flights import Flights
 from kuikproxy.runtime.flow import FlowGate
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.sweeps import Sweeps
@@ -41,6 +42,7 @@ class Services:
     sweeps: Sweeps
     durable: Durable | None  # where the pacing state survives restarts (P13), if anywhere
     fleet: FleetLink | None  # the proxies this one shares registries' budgets with, if any
+    flights: Flights  # reads in flight, shared (R2)
     observers: list[WindowObserver] = field(default_factory=list)
     cache: PullThrough | None = None  # the pull-through store (§15), if one is configured
     # every task the runtime started, cancelled and awaited at shutdown

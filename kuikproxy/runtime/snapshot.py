@@ -52,6 +52,15 @@ class StoreStats:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadStats:
+    """Reads by kind (``core.images.READ_KINDS``): requests served by another's read in flight
+    or of their window (R2), and requests sent to the registries (what their logs count)."""
+
+    shared: dict[str, int]
+    registry: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """The runtime at ``now`` (loop time); ``wall_offset`` turns loop time into wall time, for
     display only. Parts that were not asked of :func:`snapshot` are empty."""
@@ -70,6 +79,7 @@ class Snapshot:
     refused_elsewhere: dict[str, int]  # reason → count, for what no host's state answers for
     kept: KeptStats
     store: StoreStats | None  # None: no pull-through store configured
+    reads: ReadStats
     ring_stats: list[tuple[str, list[RingStat]]]  # host → its rings, for a scrape
     progress: dict[tuple[str, str], tuple[int | None, int]]  # (host, resource) → (place, waiting)
     recent: dict[tuple[str, Operation], list[tuple[float, str]]]  # the viewed hosts' windows
@@ -111,6 +121,7 @@ def snapshot(
         refused_elsewhere=dict(pacer.refused.counts),
         kept=KeptStats(len(kept), kept.bytes, kept.hits, kept.misses),
         store=_store(pacer),
+        reads=ReadStats(dict(pacer.flights.shared), dict(pacer.registries.reads)),
         ring_stats=_ring_stats(pacer, ring_stats),
         progress=_progress(views, schedulers, progress),
         recent={} if log is None else _recent(log, views),

@@ -59,6 +59,7 @@ class UpstreamRequest:
     ssl: ssl.SSLContext | bool = True  # True: the system's verification; False: none
     body: AsyncIterable[bytes] | None = None  # a write's body, streamed (paced: false hosts)
     realm: bool = False  # a token request: may reach the realm endpoints the guard trusts
+    kind: str | None = None  # a read of an image: which (``core.images.READ_KINDS``), counted
 
 
 class UpstreamResponse(Protocol):

@@ -41,6 +41,7 @@ from dataclasses import replace
 from yarl import URL
 
 from kuikproxy.config import Config
+from kuikproxy.core.images import READ_KINDS
 from kuikproxy.errors import RegistryError, UpstreamTimeout, UpstreamUnreachable
 from kuikproxy.upstream.auth import (
     Challenge,
@@ -102,6 +103,9 @@ class Registries:
         self._before_token = before_token
         self._tokens = TokenCache()
         self._config = config
+        # the reads the registries were sent, by kind: what a registry's own log counts (a read
+        # signed in after a challenge is two), for an operator to compare with its count
+        self.reads: dict[str, int] = dict.fromkeys(READ_KINDS, 0)
         self.configure(config)
 
     def configure(self, config: Config) -> None:
@@ -210,6 +214,8 @@ class Registries:
         — headers (credentials) and queries (signed storage URLs) never reach a log. A failure
         where the registry sent kuikproxy (``via``: a redirect, a realm) is the registry's
         (502, or 504 for a timeout), named by host: its client's host is allowed."""
+        if request.kind is not None and via is None:
+            self.reads[request.kind] += 1
         try:
             response = await self.transport.send(request)
         except RegistryError as error:

@@ -22,7 +22,7 @@ from yarl import URL
 from kuikproxy.core.digests import Content, Hasher, algorithm_of, hasher, matches
 from kuikproxy.errors import UpstreamError
 from kuikproxy.runtime.content import MAX_MANIFEST, mismatch
-from kuikproxy.runtime.messages import Answer, Body, Opened
+from kuikproxy.runtime.messages import Answer, Body, Opened, Shared
 from kuikproxy.web.classify import Target
 from kuikproxy.web.threadrelay import client_socket, relay_in_thread
 
@@ -207,6 +207,26 @@ async def send_body(request: web.Request, body: Body, ns: str | None) -> web.Str
         log.warning("%s: %s; breaking off the client's answer", body.digest, error.message)
         return _break_off(request, response)
     except ConnectionError:
+        return response
+    await response.write_eof()
+    return response
+
+
+async def send_shared(request: web.Request, shared: Shared, ns: str | None) -> web.StreamResponse:
+    """A blob followed with others from one registry read (R2), as its pieces come: checked
+    there, its last bytes given only once the whole is its digest's content."""
+    out = _client_headers(CIMultiDict(shared.headers), ns)
+    out.popall("Content-Length", None)
+    response = web.StreamResponse(status=200, headers=out)
+    response.content_length = shared.size
+    await response.prepare(request)
+    try:
+        async for piece in shared.pieces():
+            await response.write(piece)
+    except UpstreamError as error:
+        log.warning("%s; breaking off the client's answer", error.message)
+        return _break_off(request, response)
+    except ConnectionError:  # the client went away mid-answer: nothing to tell it
         return response
     await response.write_eof()
     return response

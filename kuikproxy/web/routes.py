@@ -22,7 +22,7 @@ from kuikproxy.web.observe import metrics_page, status, status_schema
 from kuikproxy.web.oci import API_VERSION, error_response
 from kuikproxy.web.page import status_page
 from kuikproxy.web.proxying import ProxyRequests, RegistryPaths
-from kuikproxy.web.relay import answer_response, relocate, send_body, stream
+from kuikproxy.web.relay import answer_response, relocate, send_body, send_shared, stream
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,8 @@ async def render(request: web.Request, reply: Reply, ns: str | None) -> web.Stre
         return await stream(request, reply.opened, ns)
     if reply.body is not None:
         return await send_body(request, reply.body, ns)
+    if reply.shared is not None:
+        return await send_shared(request, reply.shared, ns)
     assert reply.answer is not None
     response = answer_response(request, reply.answer, ns)
     if reply.stale:

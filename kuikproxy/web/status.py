@@ -28,6 +28,7 @@ from kuikproxy.web.statusmodels import (
     Queues,
     QueueStatus,
     QuotaStatus,
+    ReadsStatus,
     RegistryStatus,
     ResourceStatus,
     Rings,
@@ -196,6 +197,7 @@ def build_status(
                 stale=s.stale,
             ),
         ),
+        reads=ReadsStatus(shared=snap.reads.shared, registry=snap.reads.registry),
         flowControl=flow_control_status(snap.server_concurrency_limit, snap.levels, clock),
         fleet=None if snap.fleet is None else fleet_status(snap.fleet, clock),
     )

@@ -107,6 +107,19 @@ class StoreStatus(_Model):
     stale: int
 
 
+class ReadsStatus(_Model):
+    """Reads by kind (manifest-tag, manifest-digest, blob, referrers, tags)."""
+
+    shared: dict[str, int] = Field(
+        description="requests served by another request's registry read: one in flight they "
+        "followed, or their window's (R2)"
+    )
+    registry: dict[str, int] = Field(
+        description="requests sent to the registries, a read signed in after a challenge "
+        "counted twice: what a registry's own access log counts"
+    )
+
+
 class CacheStatus(_Model):
     entries: int
     bytes: int
@@ -183,5 +196,6 @@ class Status(_Model):
         description="requests refused for a host kuikproxy holds no state for, by reason (maxHosts)"
     )
     cache: CacheStatus
+    reads: ReadsStatus
     flow_control: FlowControlStatus = Field(alias="flowControl")
     fleet: FleetStatus | None = Field(None, description="None: this proxy paces alone")

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
+from kuikproxy.core.images import Image
 from kuikproxy.runtime.messages import Answer, Reply
+from kuikproxy.runtime.proofs import Proofs
 from kuikproxy.runtime.read import _Held
 
 
@@ -25,11 +27,19 @@ class Parking:
 def held() -> tuple[_Held, Any, Parking, list[tuple[str, str, float]]]:
     loop = asyncio.get_running_loop()
     parking, waits = Parking(loop), []
-    request = SimpleNamespace(host="reg.test", operation="check")
+    request = SimpleNamespace(
+        host="reg.test",
+        operation="check",
+        image=Image("reg.test", "app", "v1"),
+        auth=None,
+        signer=None,
+    )
     waiter = SimpleNamespace(
         future=loop.create_future(), parking=parking, request=request, since=loop.time()
     )
-    pacer = SimpleNamespace(waits=[lambda host, op, s: waits.append((host, op, s))])
+    pacer = SimpleNamespace(
+        waits=[lambda host, op, s: waits.append((host, op, s))], proofs=Proofs(lambda host: 0)
+    )
     read = SimpleNamespace(_pacer=pacer)
     return _Held(read, waiter), waiter, parking, waits  # type: ignore[arg-type]
 
