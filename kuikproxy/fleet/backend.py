@@ -60,6 +60,19 @@ class FleetBackend(Protocol):
         """The answers the fleet keeps under each of ``keys`` of ``host`` (None: none)."""
         ...
 
+    async def reading(self, host: str, key: str, ttl: float) -> bytes | bool:
+        """Content by digest read once for the fleet (R2 across proxies): the answer kept under
+        ``key`` of ``host`` (as :meth:`keep` keeps it), if one is; else whether this proxy is
+        now the one of the fleet reading it — marked so for ``ttl`` seconds, or until
+        :meth:`read` — or, False, another proxy is."""
+        ...
+
+    async def read(self, host: str, key: str, answer: bytes | None, ttl: float) -> None:
+        """This proxy's read of ``key`` is over: its ``answer`` kept under ``key`` for ``ttl``
+        seconds (None: nothing to keep), and its mark (:meth:`reading`) taken away — never
+        another proxy's."""
+        ...
+
     async def take(self, host: str, buckets: list[SharedBucket]) -> float:
         """Take a token from each of ``host``'s shared ``buckets`` (all or none) and return 0;
         or take none and return the seconds until all would have one. A bucket not seen before

@@ -37,11 +37,13 @@ class FleetState:
     seen: dict[str, float] = field(default_factory=dict)  # name → last heard of
     answers: dict[tuple[str, str], tuple[bytes, float]] = field(default_factory=dict)  # → expiry
     buckets: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)  # per host
+    readers: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)  # → expiry
 
     def restart(self) -> None:
         """The store restarts without its data (Redis without persistence)."""
         self.origins, self.forming, self.due, self.windows = {}, {}, {}, {}
         self.blocks, self.seen, self.answers, self.buckets = {}, {}, {}, {}
+        self.readers = {}
 
 
 class MemoryFleet:
@@ -114,6 +116,25 @@ class MemoryFleet:
             found = self.state.answers.get((host, key))
             out.append(None if found is None or found[1] <= now else found[0])
         return out
+
+    async def reading(self, host: str, key: str, ttl: float) -> bytes | bool:
+        now, state = self._now(), self.state
+        found = state.answers.get((host, key))
+        if found is not None and found[1] > now:
+            return found[0]
+        reader = state.readers.get((host, key))
+        if reader is not None and reader[1] > now:
+            return reader[0] == self.name
+        state.readers[(host, key)] = (self.name, now + ttl)
+        return True
+
+    async def read(self, host: str, key: str, answer: bytes | None, ttl: float) -> None:
+        now, state = self._now(), self.state
+        if answer is not None:
+            state.answers[(host, key)] = (answer, now + ttl)
+        reader = state.readers.get((host, key))
+        if reader is not None and reader[0] == self.name:
+            del state.readers[(host, key)]
 
     async def take(self, host: str, buckets: list[SharedBucket]) -> float:
         return take_shared(buckets, self.state.buckets.setdefault(host, {}), self._now())

@@ -20,6 +20,10 @@ Key layout, with the default ``key_prefix`` ``kuikproxy:``, ``<series>`` ``check
                                                         expires at that end
     kuikproxy:{<host>}:kept:<key>           string      a kept answer (R1), as the runtime
                                                         serialised it; expires after cache.maxAge
+    kuikproxy:{<host>}:reading:<key>        string      the name of the proxy reading content by
+                                                        digest for the fleet; expires after
+                                                        the read's timeout, or deleted by its
+                                                        reader when its answer is kept
     kuikproxy:{<host>}:bucket:<key>         hash        a shared quota bucket: level, at (ms,
                                                         Redis' clock); expires once it is full
 
@@ -192,6 +196,35 @@ def _ms(interval: float) -> str:
     return str(max(1, round(interval * 1000)))
 
 
+# Content by digest read once for the fleet. KEYS: the kept answer, the reading mark. ARGV:
+# name, the mark's expiry (ms). Returns the kept answer, or 1 (marked: this proxy reads it), or
+# 0 (another proxy is reading it).
+_READING = """
+local kept = redis.call('GET', KEYS[1])
+if kept then
+  return kept
+end
+local reader = redis.call('GET', KEYS[2])
+if reader then
+  return reader == ARGV[1] and 1 or 0
+end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+# KEYS: the kept answer, the reading mark. ARGV: name, the answer ('' for none), its expiry
+# (ms). The mark goes only if it is this proxy's (a late reader never unmarks another).
+_READ = """
+if ARGV[2] ~= '' then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+end
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
+end
+return 0
+"""
+
+
 class RedisFleet:
     """A :class:`FleetBackend` on one Redis server. Make one with :meth:`connect`."""
 
@@ -207,6 +240,8 @@ class RedisFleet:
         self._size = client.register_script(_SIZE)
         self._block = client.register_script(_BLOCK)
         self._take = client.register_script(_TAKE)
+        self._reading = client.register_script(_READING)
+        self._read = client.register_script(_READ)
         # the origin this proxy was given per (host, series), checked by every claim
         self._origins: dict[tuple[str, str], str] = {}
         self._heartbeat: asyncio.Task[None] | None = None
@@ -255,7 +290,9 @@ class RedisFleet:
         return fleet
 
     async def _load(self) -> None:
-        for script in (self._origin, self._claim, self._block, self._take):
+        for script in (
+            self._origin, self._claim, self._block, self._take, self._reading, self._read
+        ):  # fmt: skip
             await self._redis.script_load(script.script)
 
     def _key(self, host: str, *parts: str) -> str:
@@ -339,6 +376,25 @@ class RedisFleet:
             f"kept answers of {host}", self._redis.mget(names)
         )
         return found
+
+    async def reading(self, host: str, key: str, ttl: float) -> bytes | bool:
+        answer = await self._call(
+            f"read of {host} in flight",
+            self._reading(
+                keys=[self._key(host, "kept", key), self._key(host, "reading", key)],
+                args=[self.name, max(1, math.ceil(ttl * 1000))],
+            ),
+        )
+        return answer if isinstance(answer, bytes) else bool(answer)
+
+    async def read(self, host: str, key: str, answer: bytes | None, ttl: float) -> None:
+        await self._call(
+            f"read of {host} landed",
+            self._read(
+                keys=[self._key(host, "kept", key), self._key(host, "reading", key)],
+                args=[self.name, answer or b"", max(1, math.ceil(ttl * 1000))],
+            ),
+        )
 
     async def take(self, host: str, buckets: list[SharedBucket]) -> float:
         if not buckets:

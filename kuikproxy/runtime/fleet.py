@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kuikproxy.core.fleetturns import Turns
+from kuikproxy.core.images import MANIFESTS
 from kuikproxy.core.quota import SharedBucket, take_shared
 from kuikproxy.core.tickets import Operation
 from kuikproxy.core.windows import Series
@@ -37,6 +38,8 @@ from kuikproxy.runtime.messages import Answer, RegistryRequest
 log = logging.getLogger(__name__)
 
 SIZE_EVERY = 10.0  # seconds between looks at the fleet's size
+READ_POLL = 0.05  # seconds between looks at another proxy's read of content in flight
+FLEET_WAIT = 10.0  # seconds a read with no timeout of its own waits for another proxy's
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,19 +153,9 @@ class FleetLink:
     async def share(self, host: str, image_key: str, answer: Answer, ttl: float) -> None:
         """An answer this proxy keeps, kept for the fleet too."""
         kept = answer.kept()
-        payload = {
-            "status": kept.status,
-            "headers": kept.headers,
-            "body": base64.b64encode(kept.body).decode(),
-            "method": kept.method,
-            "readAt": kept.read_at + self.offset,
-            "auth": kept.auth,
-            "signer": kept.signer,
-            "accept": kept.accept,
-        }
         key = _kept_key(image_key, kept.method, kept.owner)
         try:
-            await self.backend.keep(host, key, json.dumps(payload).encode(), ttl)
+            await self.backend.keep(host, key, self._encode(kept), ttl)
         except FleetUnavailable as error:
             self._down(error)
 
@@ -175,27 +168,75 @@ class FleetLink:
         except FleetUnavailable as error:
             self._down(error)
             return []
-        answers = []
-        for payload in payloads:
-            if payload is None:
-                continue
+        answers = (self._decode(request.host, p) for p in payloads if p is not None)
+        return [answer for answer in answers if answer is not None]
+
+    # -- content by digest read once for the fleet (R2 across proxies) --------------------------
+
+    async def read_once(
+        self, request: RegistryRequest, serves: Callable[[Answer], bool], until: float
+    ) -> Answer | None:
+        """The fleet's answer to a GET of content by digest, when ``serves`` says it serves
+        ``request``: kept by the proxy that read it, or waited for while another proxy reads
+        it, until loop time ``until``. None: this proxy reads it (marked as the fleet's reader
+        when no other was), and tells the fleet with :meth:`read_over` — also when the store
+        cannot be reached, or what the fleet has does not serve ``request``."""
+        host, key = request.host, _content_key(request.image.key)
+        ttl = max(until - self.loop.time(), READ_POLL)
+        while True:
             try:
-                kept = json.loads(payload)
-                answers.append(
-                    Answer(
-                        int(kept["status"]),
-                        tuple((str(k), str(v)) for k, v in kept["headers"]),
-                        base64.b64decode(kept["body"]),
-                        str(kept["method"]),
-                        float(kept["readAt"]) - self.offset,
-                        kept["auth"],
-                        kept["signer"],  # none: an older proxy's, whose R5 is unknown
-                        tuple(str(a) for a in kept["accept"]),
-                    )
-                )
-            except (ValueError, KeyError, TypeError):  # another version's, or damaged: unused
-                log.debug("fleet: an unreadable kept answer of %s ignored", request.host)
-        return answers
+                found = await self.backend.reading(host, key, ttl)
+            except FleetUnavailable as error:
+                self._down(error)
+                return None
+            self._up()
+            if isinstance(found, bytes):
+                answer = self._decode(host, found)
+                return answer if answer is not None and serves(answer) else None
+            if found or self.loop.time() >= until:
+                return None
+            await asyncio.sleep(READ_POLL)
+
+    async def read_over(self, request: RegistryRequest, answer: Answer | None, ttl: float) -> None:
+        """This proxy's read of content by digest is over: a 200 is kept for the fleet for
+        ``ttl`` seconds (``cache.maxAge``), and the proxies waiting for it are let go."""
+        payload = None
+        if answer is not None and answer.status == 200 and answer.method == "GET":
+            payload = self._encode(answer.kept())
+        try:
+            await self.backend.read(request.host, _content_key(request.image.key), payload, ttl)
+        except FleetUnavailable as error:
+            self._down(error)
+
+    def _encode(self, kept: Answer) -> bytes:
+        payload = {
+            "status": kept.status,
+            "headers": kept.headers,
+            "body": base64.b64encode(kept.body).decode(),
+            "method": kept.method,
+            "readAt": kept.read_at + self.offset,
+            "auth": kept.auth,
+            "signer": kept.signer,
+            "accept": kept.accept,
+        }
+        return json.dumps(payload).encode()
+
+    def _decode(self, host: str, payload: bytes) -> Answer | None:
+        try:
+            kept = json.loads(payload)
+            return Answer(
+                int(kept["status"]),
+                tuple((str(k), str(v)) for k, v in kept["headers"]),
+                base64.b64decode(kept["body"]),
+                str(kept["method"]),
+                float(kept["readAt"]) - self.offset,
+                kept["auth"],
+                kept["signer"],  # none: an older proxy's, whose R5 is unknown
+                tuple(str(a) for a in kept["accept"]),
+            )
+        except (ValueError, KeyError, TypeError):  # another version's, or damaged: unused
+            log.debug("fleet: an unreadable kept answer of %s ignored", host)
+            return None
 
     async def _refresh_size(self) -> None:
         now = self.loop.time()
@@ -223,3 +264,15 @@ class FleetLink:
 
 def _kept_key(image_key: str, method: str, owner: str | None) -> str:
     return f"{image_key}|{method}|{owner or '-'}"
+
+
+def read_once(request: RegistryRequest) -> bool:
+    """Whether the fleet reads ``request`` once (:meth:`FleetLink.read_once`): a manifest by
+    digest, GET — what Docker Hub counts as a pull."""
+    image = request.image
+    return image.route == MANIFESTS and image.by_digest and request.method == "GET"
+
+
+def _content_key(image_key: str) -> str:
+    """Content by digest is the same whoever read it: one key (R5 is the reader's to apply)."""
+    return f"{image_key}|content"

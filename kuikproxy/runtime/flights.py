@@ -20,14 +20,16 @@ cancelled, or its blob went into the pull-through store, where its followers loo
 from __future__ import annotations
 
 import asyncio
+from contextlib import AsyncExitStack
 from typing import Union
 
+from kuikproxy.core.digests import Content
 from kuikproxy.core.images import BLOBS, READ_KINDS
-from kuikproxy.core.reuse import method_serves
+from kuikproxy.core.reuse import method_serves, owner_key
 from kuikproxy.core.stored import content_serves
 from kuikproxy.errors import RegistryError, UpstreamTimeout, UpstreamUnreachable
 from kuikproxy.runtime.fanout import FanOut
-from kuikproxy.runtime.messages import Answer, RegistryRequest
+from kuikproxy.runtime.messages import Answer, Opened, RegistryRequest
 from kuikproxy.runtime.proofs import Proofs
 
 # what a read in flight leaves its followers: see the module's docstring
@@ -106,6 +108,14 @@ class Flights:
         if not (isinstance(outcome, FanOut) and outcome.joinable):
             self._remove(flight)
 
+    def fan_out(
+        self, flight: Flight, opened: Opened, stack: AsyncExitStack, content: Content, size: int
+    ) -> FanOut:
+        """A blob's 200 to ``flight`` given from memory to it and its followers: the read, its
+        seat and quota (``stack``) are the fan-out's from now on (its task: :meth:`FanOut.run`)."""
+        owner = owner_key(flight.auth, flight.signer)
+        return FanOut(opened, stack, content, size, owner=owner, ended=lambda _: self.ended(flight))
+
     def ended(self, flight: Flight) -> None:
         """A blob given from memory may be followed no more."""
         self._remove(flight)
@@ -122,7 +132,7 @@ class Flights:
         serves it (R3, R5), a blob it may read (R5), the failure to reach the registry; None
         when nothing is its: it reads on its own."""
         if isinstance(outcome, Answer):
-            if not _serves(outcome, request, self.proofs):
+            if not serves(outcome, request, self.proofs):
                 return None
             outcome = outcome.kept()  # per-client headers stay with its reader
         elif isinstance(outcome, FanOut):
@@ -152,7 +162,9 @@ def _open(flight: Flight) -> bool:
     return isinstance(outcome, FanOut) and outcome.joinable
 
 
-def _serves(answer: Answer, request: RegistryRequest, proofs: Proofs) -> bool:
+def serves(answer: Answer, request: RegistryRequest, proofs: Proofs) -> bool:
+    """Whether another's ``answer`` serves ``request``: as a kept answer would (R1, R3, R5), or
+    as content by digest to a client that proved access to its repository."""
     if answer.may_serve(request):
         return True
     # content by digest is the same for everyone who may read the repository (R5)

@@ -145,13 +145,16 @@ class Pacer(Hosts):
         upstream = request.upstream(self.registries.base(request.host), timeout)
         return send(self.registries, request.host, upstream, content=content_of(request.image))
 
+    def fleet_of(self, host: str) -> FleetLink | None:
+        """The fleet ``host`` is paced and shared with, if it is (``fleet: shared``)."""
+        # from the config, not the host's state: a request the limits refuse leaves none
+        return self.fleet if self.config.registry(host).fleet == "shared" else None
+
     async def from_fleet(self, request: RegistryRequest) -> None:
         """Before a check is admitted: when no answer kept here may serve it, the answers the
         fleet keeps are kept here too, so that an image another proxy read serves this one's
         resources as R1 says (read once per lap for the whole fleet)."""
-        # from the config, not the host's state: a request the limits refuse leaves none
-        shared = self.config.registry(request.host).fleet == "shared"
-        fleet = self.fleet if shared else None
+        fleet = self.fleet_of(request.host)
         if fleet is None or self.kept.find(request) is not None:
             return
         for answer in await fleet.find(request):

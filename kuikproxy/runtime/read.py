@@ -17,7 +17,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from kuikproxy.core.images import BLOBS, MANIFESTS
-from kuikproxy.core.reuse import owner_key
 from kuikproxy.core.stored import outage
 from kuikproxy.core.tickets import Operation
 from kuikproxy.errors import (
@@ -29,7 +28,8 @@ from kuikproxy.errors import (
 )
 from kuikproxy.runtime.content import mismatch
 from kuikproxy.runtime.fanout import FanOut, Follower
-from kuikproxy.runtime.flights import Flight, Outcome
+from kuikproxy.runtime.fleet import FLEET_WAIT, FleetLink, read_once
+from kuikproxy.runtime.flights import Flight, Outcome, serves
 from kuikproxy.runtime.messages import Answer, Body, Go, Opened, RegistryRequest, Reply
 from kuikproxy.runtime.parking import Waiter
 from kuikproxy.runtime.proofs import Proofs
@@ -271,8 +271,15 @@ class Read:
                 return reply
         self._timeout = timeout
         flight = flights.take_off(request)
+        fleet = pacer.fleet_of(request.host) if read_once(request) else None
+        found: Answer | None = None
         outcome: Outcome = None
         try:
+            if fleet is not None:
+                found = await self._from_fleet_read(fleet, timeout)
+                if found is not None:
+                    outcome = found
+                    return Reply(answer=found)
             opened = await self._open(timeout, seated=seated)
             reply, outcome = await self._landing(opened, flight)
         except RegistryError as error:
@@ -280,7 +287,23 @@ class Read:
             raise
         finally:
             flights.land(flight, outcome)
+            if fleet is not None and found is None:  # read here: the fleet's from now on
+                answer = outcome if isinstance(outcome, Answer) else None
+                ttl = pacer.config.cache.max_age
+                pacer.services.spawn(fleet.read_over(request, answer, ttl))
         return reply
+
+    async def _from_fleet_read(self, fleet: FleetLink, timeout: float | None) -> Answer | None:
+        """Content by digest another proxy of the fleet read, or is reading and may serve this
+        request (R2 across the fleet, R5), waited for as long as this read may take."""
+        pacer, request = self._pacer, self._request
+        until = pacer.loop.time() + (timeout or FLEET_WAIT)
+        proofs = pacer.proofs
+        found = await fleet.read_once(request, lambda a: serves(a, request, proofs), until)
+        if found is not None:
+            pacer.flights.count(request, 1)
+            _prove(proofs, request, found)
+        return found
 
     def _follow(self, given: Outcome) -> Reply | None:
         """A follower's reply from what a read in flight gave it (:meth:`Flights.given`)."""
@@ -314,11 +337,7 @@ class Read:
             if not flight.followed:  # nobody else asked meanwhile: relayed alone, in a thread
                 return reply, None
             stack, self._opened = self._opened, None  # the read's from now on
-            owner = owner_key(request.auth, request.signer)
-            ended = pacer.flights.ended
-            fan = FanOut(
-                opened, stack, content, int(length), owner=owner, ended=lambda _: ended(flight)
-            )
+            fan = pacer.flights.fan_out(flight, opened, stack, content, int(length))
             pacer.services.spawn(fan.run())
             self._follower = fan.follower(self._rest)
             return Reply(shared=self._follower), fan

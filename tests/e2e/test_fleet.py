@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import hashlib
 import itertools
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,16 @@ import pytest
 from aiohttp import web
 
 from tests.e2e.conftest import REGISTRY, require
-from tests.e2e.peers import DistributionRegistry, Kuikproxy, http, registry_block
+from tests.e2e.peers import (
+    MANIFEST_TYPES,
+    DistributionRegistry,
+    Kuikproxy,
+    RegistryClient,
+    build_image,
+    http,
+    push_image,
+    registry_block,
+)
 from tests.fleet.conftest import RedisServer
 from tests.upstream_app import Registry
 
@@ -174,6 +185,62 @@ def test_an_image_every_proxy_asks_for_is_read_once_for_the_fleet(
         for i in range(5)
     )
     assert min(b.started - a.started for a, b in itertools.pairwise(rows)) >= INTERVAL - TOLERANCE
+
+
+def test_a_child_manifest_ten_nodes_ask_three_proxies_for_is_read_once_for_the_fleet(
+    registry: DistributionRegistry, redis: RedisServer, tmp_path: Path
+) -> None:
+    """Ten nodes spread over three proxies pull one image of three platforms at once, as
+    containerd does (the index by tag, their platform's manifest by digest, its config and
+    layer): every child manifest some node needs reaches the registry once for the whole fleet
+    (R2 across proxies: read by one, waited for or found kept by the others), and every node
+    gets the bytes its digest names. The registry's own log is the count."""
+    prefix = f"rollout-{time.time_ns()}"
+    image = push_image(
+        RegistryClient(registry.url),
+        build_image(f"{prefix}/app", "v1", ("linux/amd64", "linux/arm64", "linux/s390x")),
+    )
+    platforms = [p.platform for p in image.platforms]
+
+    def pull(proxy: Kuikproxy, node: int) -> set[str]:
+        base = f"{proxy.url}/v2/{image.repository}"
+        ns, who = f"?ns={REGISTRY}", {"Kuik-Resource": f"node-{node}"}
+        accept = {"Accept": ", ".join(MANIFEST_TYPES)}
+        assert http(f"{base}/manifests/v1{ns}", "HEAD", headers=who | accept)[0] == 200
+        status, _, index = http(f"{base}/manifests/v1{ns}", headers=who | accept, timeout=60)
+        assert (status, index) == (200, image.index.data)
+        wanted = image.platform(platforms[node % len(platforms)])
+        got = {}
+        for blob, route in ((wanted.manifest, "manifests"), (wanted.config, "blobs")):
+            status, _, body = http(f"{base}/{route}/{blob.digest}{ns}", headers=who | accept)
+            assert status == 200
+            got[blob.digest] = body
+        status, _, layer = http(f"{base}/blobs/{wanted.layer.digest}{ns}", headers=who)
+        got[wanted.layer.digest] = layer
+        assert status == 200
+        return {digest for digest, body in got.items() if _sha256(body) == digest}
+
+    with proxies(3, registry, redis, tmp_path) as fleet:
+        warm(fleet, prefix)
+        since = time.time()
+        with concurrent.futures.ThreadPoolExecutor(10) as pool:
+            pulled = list(pool.map(lambda n: pull(fleet[n % 3], n), range(10)))
+    needed = [image.platform(platforms[n % len(platforms)]) for n in range(10)]
+    assert pulled == [{p.manifest.digest, p.config.digest, p.layer.digest} for p in needed]
+    rows = registry.wait_for_requests(1, since)
+    children = Counter(
+        r.reference
+        for r in rows
+        if r.method == "GET"
+        and r.kind == "manifests"
+        and r.repository == image.repository
+        and r.reference.startswith("sha256:")
+    )
+    assert children == dict.fromkeys((p.manifest.digest for p in image.platforms), 1)
+
+
+def _sha256(body: bytes) -> str:
+    return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
 class ThreadedRegistry:

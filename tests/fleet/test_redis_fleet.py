@@ -200,6 +200,26 @@ async def test_kept_answers_are_the_fleets_until_their_time_is_up(fleet: FleetFa
     assert await b.kept("reg.test", ["app:v1|GET|-"]) == [None]
 
 
+async def test_content_is_read_by_one_proxy_of_the_fleet_at_a_time(fleet: FleetFactory) -> None:
+    """The first proxy to ask for content by digest is its reader; another asking meanwhile is
+    told to wait, finds the answer once the reader keeps it, and a late reader's end never
+    takes away another's mark."""
+    a, b = await fleet("a"), await fleet("b")
+    assert await a.reading("reg.test", "app@d|content", 5) is True
+    assert await a.reading("reg.test", "app@d|content", 5) is True  # still its own
+    assert await b.reading("reg.test", "app@d|content", 5) is False
+    await b.read("reg.test", "app@d|content", None, 5)  # not b's mark: a's stays
+    assert await b.reading("reg.test", "app@d|content", 5) is False
+    await a.read("reg.test", "app@d|content", b"answer", 0.3)
+    assert await b.reading("reg.test", "app@d|content", 5) == b"answer"
+    await asyncio.sleep(0.4)  # the answer lapsed: the next to ask reads it again
+    assert await b.reading("reg.test", "app@d|content", 5) is True
+    await b.read("reg.test", "app@d|content", None, 5)  # a read that kept nothing unmarks
+    assert await a.reading("reg.test", "app@d|content", 0.2) is True
+    await asyncio.sleep(0.3)  # a reader that died: its mark lapses
+    assert await b.reading("reg.test", "app@d|content", 5) is True
+
+
 async def test_quota_buckets_are_the_fleets_all_or_none(fleet: FleetFactory) -> None:
     """Two proxies take from one bucket of 10 tokens a second (burst 2): the third token in a
     row waits about 0.1 s, for whoever asks; a refused take takes nothing from any bucket."""
