@@ -40,19 +40,20 @@ _Key = tuple[str, str, str]
 class Flight:
     """One read under way, and the future its followers wait on."""
 
-    __slots__ = ("auth", "followed", "key", "landed", "method", "signer")
+    __slots__ = ("auth", "followed", "key", "landed", "method", "ranged", "signer")
 
     def __init__(self, key: _Key, request: RegistryRequest, loop: asyncio.AbstractEventLoop):
         self.key = key
         self.method = request.method
         self.auth = request.auth  # whose read it is (R5)
         self.signer = request.signer
+        self.ranged = request.header("Range") is not None  # a part: it serves nobody else
         self.landed: asyncio.Future[Outcome] = loop.create_future()
         self.followed = 0  # requests that chose to follow it
 
     def may_serve(self, request: RegistryRequest, proved: bool) -> bool:
         """Whether its answer could serve ``request``, before it is known (R3's method, R5)."""
-        if not method_serves(self.method, request.method):
+        if self.ranged or not method_serves(self.method, request.method):
             return False
         if self.auth is not None:  # a client's own: the identical one, or a proof for content
             return self.auth == request.auth or (proved and request.image.by_digest)

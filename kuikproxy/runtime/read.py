@@ -324,6 +324,8 @@ class Read:
         pacer, request, opened = self._pacer, self._request, reply.opened
         assert opened is not None and self._opened is not None
         image = request.image
+        if image.route == BLOBS and request.method == "GET" and opened.status == 206:
+            return reply, None  # a part of a blob (``Range``): this client's alone, streamed
         if image.route == BLOBS and request.method == "GET" and opened.status == 200:
             content = opened.content
             if (

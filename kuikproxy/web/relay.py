@@ -220,6 +220,9 @@ async def send_shared(request: web.Request, shared: Shared, ns: str | None) -> w
     response = web.StreamResponse(status=200, headers=out)
     response.content_length = shared.size
     await response.prepare(request)
+    if request.method == "HEAD":  # a HEAD that followed a GET: its headers are its answer
+        await response.write_eof()
+        return response
     try:
         async for piece in shared.pieces():
             await response.write(piece)
