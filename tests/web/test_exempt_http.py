@@ -81,3 +81,19 @@ async def test_s11_an_exempt_read_to_a_blocked_host_gets_a_stale_kept_answer_or_
     assert len(fake.seen) == asked
     blocked.cancel()
     await asyncio.gather(blocked, return_exceptions=True)
+
+
+async def test_r2_exempt_reads_of_one_image_at_once_make_one_registry_read(start: Any) -> None:
+    """Webhook probes arriving while an exempt read of their image is under way follow it
+    (R2: a read in flight is shared): each is answered when that read lands, and the registry
+    is asked once."""
+    client, fake = await start()
+    fake.delay = 0.5  # the first probe's read is in flight while the others come
+    first = asyncio.ensure_future(head(client, "v1", PROBE))
+    await asyncio.sleep(0.1)
+    t0 = asyncio.get_running_loop().time()
+    others = [head(client, "v1", PROBE) for _ in range(3)]
+    answers = await asyncio.gather(first, *others)
+    assert [a.status for a in answers] == [200] * 4
+    assert round(asyncio.get_running_loop().time() - t0, 3) == 0.4  # the first read's end
+    assert [s.path for s in fake.seen] == ["/v2/app/manifests/v1"]
