@@ -47,7 +47,7 @@ class FanOut:
     """A blob on its way from the registry to the clients that follow it."""
 
     __slots__ = (
-        "_arrived", "_chunks", "_content", "_ended", "_failure", "_followers", "_held",
+        "_arrived", "_chunks", "_content", "_ended", "_expected", "_failure", "_followers", "_held",
         "_moved", "_opened", "_popped", "_stack", "headers", "owner", "size", "verified",
     )  # fmt: skip
 
@@ -60,6 +60,7 @@ class FanOut:
         *,
         owner: str | None,
         ended: Callable[[FanOut], None],
+        expected: int = 1,
     ) -> None:
         self._opened = opened  # the registry's answer, open until the read ends
         self._stack = stack  # the seat and quota the read holds, and the answer itself
@@ -74,6 +75,9 @@ class FanOut:
         self._popped = 0  # chunks dropped from the window's front
         self._held = 0  # bytes in the window
         self._followers: dict[Follower, None] = {}  # in the order they joined
+        # clients that chose to follow it and have not taken their place yet (:meth:`follower`)
+        # or given it up (:meth:`unexpect`): it is joinable for them, and read on for them
+        self._expected = expected
         self._arrived = asyncio.Event()  # followers wait on it: bytes, the end, a failure
         self._moved = asyncio.Event()  # the read waits on it: a follower moved, or left
         self._failure: UpstreamError | None = None
@@ -82,9 +86,20 @@ class FanOut:
     @property
     def joinable(self) -> bool:
         """Whether a client may still follow it from its first byte."""
-        return self._popped == 0 and self._failure is None and bool(self._followers)
+        awaited = self._followers or self._expected > 0
+        return self._popped == 0 and self._failure is None and bool(awaited)
+
+    def expect(self) -> None:
+        """One more client chose to follow it: it waits for that one to take its place."""
+        self._expected += 1
+
+    def unexpect(self) -> None:
+        """A client that chose to follow it will not (it left, or it may not have it)."""
+        self._expected = max(0, self._expected - 1)
 
     def follower(self, resume: Resume | None) -> Follower:
+        """An expected client's place, from the blob's first byte."""
+        self.unexpect()
         follower = Follower(self, resume)
         self._followers[follower] = None
         return follower
@@ -102,7 +117,7 @@ class FanOut:
         hashing = hasher(algorithm_of(self._content.digest))
         try:
             async for chunk in self._opened.chunks():
-                if not self._followers:
+                if not self._followers and not self._expected:
                     return  # everyone left: nobody needs the rest
                 await self._room(len(chunk))
                 self._chunks.append((chunk, hashing))

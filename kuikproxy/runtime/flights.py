@@ -7,7 +7,7 @@ reference and query (:attr:`Image.key <kuikproxy.core.images.Image.key>`). A req
 when its answer could serve it — a GET's serves a HEAD, not the other way round (R3), and one
 read with a client's own ``Authorization`` only the identical one, or, for content by digest,
 a client that proved access to the repository (:mod:`~kuikproxy.runtime.proofs`, R5) — and,
-once it landed, is given it only when it does serve it (:meth:`Flights.given`): a 404 only to
+once it landed, is given it only when it does serve it (:meth:`Flights.wait`): a 404 only to
 the same ``Accept`` set, a 200 only to an ``Accept`` that admits its type, a refusal read
 anonymously only to an anonymous request. Whom it does not serve reads on its own.
 
@@ -86,6 +86,10 @@ class Flights:
         for flight in flights:
             if flight.may_serve(request, proved) and _open(flight):
                 flight.followed += 1
+                if flight.landed.done():  # a blob given from memory: it waits for this one
+                    fan = flight.landed.result()
+                    assert isinstance(fan, FanOut)
+                    fan.expect()
                 return flight
         return None
 
@@ -115,7 +119,11 @@ class Flights:
         """A blob's 200 to ``flight`` given from memory to it and its followers: the read, its
         seat and quota (``stack``) are the fan-out's from now on (its task: :meth:`FanOut.run`)."""
         owner = owner_key(flight.auth, flight.signer)
-        return FanOut(opened, stack, content, size, owner=owner, ended=lambda _: self.ended(flight))
+        ended = lambda _: self.ended(flight)  # noqa: E731
+        # it expects its reader and everyone who chose to follow it before it landed
+        return FanOut(
+            opened, stack, content, size, owner=owner, ended=ended, expected=flight.followed + 1
+        )
 
     def ended(self, flight: Flight) -> None:
         """A blob given from memory may be followed no more."""
@@ -128,7 +136,27 @@ class Flights:
             if not flights:
                 del self._flying[flight.key]
 
-    def given(self, outcome: Outcome, request: RegistryRequest) -> Outcome:
+    async def wait(
+        self, flight: Flight, request: RegistryRequest, *, blobs: bool = True
+    ) -> Outcome:
+        """What ``request``, which chose to follow ``flight`` (:meth:`joinable`), is given once
+        it landed (:meth:`_given`); a blob from memory only if ``blobs``."""
+        landed = flight.landed
+        try:
+            outcome = await asyncio.shield(landed)
+        except BaseException:  # its client left while it waited
+            if not landed.done():
+                flight.followed -= 1
+            elif isinstance(fan := landed.result(), FanOut):
+                fan.unexpect()
+            raise
+        given = self._given(outcome, request)
+        if isinstance(outcome, FanOut) and not (blobs and given is outcome):
+            outcome.unexpect()  # it takes no place in it
+            return None
+        return given
+
+    def _given(self, outcome: Outcome, request: RegistryRequest) -> Outcome:
         """What of a landed read's ``outcome`` a follower ``request`` is given: an answer that
         serves it (R3, R5), a blob it may read (R5), the failure to reach the registry; None
         when nothing is its: it reads on its own."""

@@ -177,9 +177,9 @@ class Read:
             flight = flights.joinable(request)
             if flight is None:
                 return None
-            outcome = await asyncio.shield(flight.landed)
-            if outcome is not None:  # an answer (a refusal, say), not a blob for the store
-                return self._follow(flights.given(outcome, request))
+            given = await flights.wait(flight, request)
+            if flight.landed.result() is not None:  # an answer (a refusal, say), not a blob
+                return self._follow(given)  # that went to the store
 
     def _kept(self, cache: PullThrough, reply: Reply) -> Reply:
         """What of the registry's answer the store keeps: a blob's bytes (for everyone who
@@ -263,8 +263,7 @@ class Read:
         flights = pacer.flights
         flight = flights.joinable(request)
         if flight is not None:
-            landed = await asyncio.shield(flight.landed)
-            reply = self._follow(flights.given(landed, request))
+            reply = self._follow(await flights.wait(flight, request))
             if reply is None and pacer.cache is not None and stored_by_digest(request.image):
                 reply = await self._stored(pacer.cache)  # its blob went to the store
             if reply is not None:
@@ -306,7 +305,7 @@ class Read:
         return found
 
     def _follow(self, given: Outcome) -> Reply | None:
-        """A follower's reply from what a read in flight gave it (:meth:`Flights.given`)."""
+        """A follower's reply from what a read in flight gave it (:meth:`Flights.wait`)."""
         if given is None:
             return None
         if isinstance(given, Answer):

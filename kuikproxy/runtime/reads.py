@@ -8,7 +8,6 @@ parked requests: answered whole, released to go themselves, or refused.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -118,7 +117,7 @@ class Reader:
         flights = self.services.flights
         flight = flights.joinable(request)
         if flight is not None:
-            given = flights.given(await asyncio.shield(flight.landed), request)
+            given = await flights.wait(flight, request, blobs=False)
             if isinstance(given, (Answer, RegistryError)):
                 if isinstance(given, RegistryError):
                     raise given

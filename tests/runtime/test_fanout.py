@@ -188,3 +188,21 @@ async def test_the_read_stops_once_every_follower_left() -> None:
     await asyncio.wait_for(run, 1)
     assert response.taken < len(body)
     assert not fan.joinable
+
+
+async def test_clients_that_chose_to_follow_get_a_blob_its_reader_already_took_whole() -> None:
+    """A blob of one chunk is read, sent and done before the clients that followed its read
+    while in flight take their places: it waits for them (they are expected), and is joinable
+    until each took its place or gave it up."""
+    body = blob(CHUNK // 2)
+    fan, _ = fan_of(body)
+    fan.expect()
+    fan.expect()  # two clients chose to follow, besides its reader
+    reader = fan.follower(None)
+    await fan.run()
+    assert await take(reader) == body
+    reader.close()
+    assert fan.joinable
+    assert await take(fan.follower(None)) == body
+    fan.unexpect()  # the other one's client left
+    assert not fan.joinable
