@@ -109,7 +109,7 @@ class Protocol(RequestHandler):
     """aiohttp's protocol, answering kept answers as their requests are parsed, and parking a
     read that waits for its window before aiohttp makes anything of it."""
 
-    __slots__ = ("_early", "_early_message")
+    __slots__ = ("_early", "_early_message", "_early_ns")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -119,6 +119,7 @@ class Protocol(RequestHandler):
         # decided, so a parked read has no task, request or frame of aiohttp's meanwhile
         self._early: Read | None = None
         self._early_message: RawRequestMessage | None = None
+        self._early_ns: str | None = None  # its answer's OCI-Namespace (§3), if any
 
     def data_received(self, data: bytes) -> None:
         waiter = self._waiter
@@ -160,10 +161,10 @@ class Protocol(RequestHandler):
         if taken is None:
             return False
         if not isinstance(taken, bytes):
-            read, admitted = taken
+            read, ns, admitted = taken
             if self._early is not None:  # one whose handler never came (aiohttp refused it)
                 self._early.abandon()
-            self._early, self._early_message = read, message
+            self._early, self._early_message, self._early_ns = read, message, ns
             if isinstance(admitted, bool) or admitted.future.done():
                 return False
             # a bound method, run in no copy of the context: a parked read's whole cost counts
@@ -192,13 +193,13 @@ class Protocol(RequestHandler):
         if early.parked_on(future):
             waiter.set_result(None)
 
-    def admitted(self, message: object) -> Read | None:
+    def admitted(self, message: object) -> Early | None:
         """The read admitted for ``message`` as it was parsed, if it was: its handler's now."""
         early = self._early
         if early is None or self._early_message is not message:
             return None
         self._early = self._early_message = None
-        return early
+        return early, self._early_ns
 
     def close(self) -> None:
         """Asked to close when idle (a server stopping): a parked read is a request under way,
@@ -218,13 +219,18 @@ class Protocol(RequestHandler):
         super().connection_lost(exc)
 
 
-def admitted(request: web.Request) -> Read | None:
-    """The read :class:`Protocol` admitted for ``request`` as it parsed it, if it did."""
+def admitted(request: web.Request) -> Early | None:
+    """The read :class:`Protocol` admitted for ``request`` as it parsed it, if it did, and its
+    answer's ``OCI-Namespace``: located, classified and admitted once, there."""
     protocol = request.protocol
     if not isinstance(protocol, Protocol):
         return None
     # the parsed message it was made of (``Request.message`` is deprecated, and warns)
     return protocol.admitted(getattr(request, "_message", None))
+
+
+# a read admitted as it was parsed, and its answer's OCI-Namespace (§3)
+Early = tuple[Read, str | None]
 
 
 class _Messages(list[Any]):
@@ -257,9 +263,10 @@ class AsParsed:
         payload: object,
         transport: asyncio.BaseTransport,
         connection: RequestHandler,
-    ) -> bytes | tuple[Read, Waiter | bool] | None:
-        """The bytes that answer ``message`` (a ``HEAD`` a kept answer serves); or its read
-        and what admitting it now gave (:meth:`Read.admit_now`); or None: aiohttp's way."""
+    ) -> bytes | tuple[Read, str | None, Waiter | bool] | None:
+        """The bytes that answer ``message`` (a ``HEAD`` a kept answer serves); or its read,
+        its answer's ``OCI-Namespace`` and what admitting it now gave (:meth:`Read.admit_now`);
+        or None: aiohttp's way."""
         method = message.method
         if (
             method not in ("HEAD", "GET")
@@ -293,6 +300,7 @@ class AsParsed:
             flows=pacer.flow, signer=pacer.signer(target.host),
         )  # fmt: skip
         answer = pacer.reuse(read) if method == "HEAD" else None
+        ns = target.host if target.by_ns else None
         if answer is None:
             reading = pacer.read(read, connection)
             try:
@@ -300,8 +308,7 @@ class AsParsed:
             except Exception:  # a fault of ours: the handler's way, which answers it 500
                 log.exception("admitting %s %s", method, message.path[:200])
                 return None
-            return None if admitted is False else (reading, admitted)
-        ns = target.host if target.by_ns else None
+            return None if admitted is False else (reading, ns, admitted)
         head = _head(answer.status, answer.headers, ns)
         if head is None:  # not a header block aiohttp would write: it says why
             return None

@@ -39,6 +39,13 @@ async def registry(request: web.Request) -> web.StreamResponse:
     pacer = request.app[PACER]
     early = admitted(request)  # admitted as aiohttp parsed it (web/fastpath.py): this one's
     try:
+        if early is not None:  # located, classified and admitted then: carried out now
+            held, ns = early
+            host, operation = held.request.host, held.request.operation.value.capitalize()
+            async with held as reply:
+                cache = "hit" if reply.hit else "miss"
+                response = await render(request, reply, ns)
+            return response
         current = request.app[CURRENT]  # read once: a reload swaps it whole
         located, proxy_authorization = locate(request)
         target = located.target
@@ -49,7 +56,7 @@ async def registry(request: web.Request) -> web.StreamResponse:
         elif located.image is None:  # the /v2/ ping
             response = await ping(request, target, config.registry(host))
         else:
-            read = classify(
+            asked = classify(
                 request.method,
                 request.headers,
                 request.remote,
@@ -61,8 +68,8 @@ async def registry(request: web.Request) -> web.StreamResponse:
                 proxy_authorization=proxy_authorization,
                 signer=pacer.signer(host),
             )
-            operation, cache = read.operation.value.capitalize(), "miss"
-            async with early or pacer.read(read, request.protocol) as reply:
+            operation, cache = asked.operation.value.capitalize(), "miss"
+            async with pacer.read(asked, request.protocol) as reply:
                 cache = "hit" if reply.hit else "miss"
                 response = await render(request, reply, ns)
     except RegistryError as error:
@@ -74,7 +81,7 @@ async def registry(request: web.Request) -> web.StreamResponse:
         response = error_response(InternalError("internal error in kuikproxy"))
     finally:
         if early is not None:
-            early.abandon()  # nothing if it was entered; else what admission gave, given up
+            early[0].abandon()  # nothing if it was entered; else what admission gave, given up
         code = "cancelled" if response is None else str(response.status)
         request.app[METRICS].answered(host, operation, code, cache)
     return response
