@@ -2,7 +2,7 @@
 
 A TLS session set up by asyncio is the loop's: its ``SSLObject``, its buffers and the
 ciphertext already read are private state of asyncio's TLS protocol, which no public API hands
-over (docs/decisions.md, "A blob relayed off the loop"). What can leave the loop is everything
+over (docs/architecture.md, "A blob relayed off the loop"). What can leave the loop is everything
 after the decryption. :meth:`Decrypted.take` gives the connection's transport a protocol of
 this module (``set_protocol``): a :class:`asyncio.BufferedProtocol`, into whose buffer asyncio
 decrypts every record it holds, many a call, with no bytes object, parser, stream or wake-up

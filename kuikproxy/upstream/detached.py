@@ -7,7 +7,7 @@ taken piece by piece by a thread (``web.threadrelay``) with calls that let go of
 
 * over a plain connection, the thread reads the socket itself (:class:`Detached`);
 * over TLS, asyncio's TLS layer stays the reader — its session is private state of the loop's
-  (docs/decisions.md, "A blob relayed off the loop") — but decrypts straight into the ring, and
+  (docs/architecture.md, "A blob relayed off the loop") — but decrypts straight into the ring, and
   the thread takes the pieces from there (:mod:`kuikproxy.upstream.decrypted`).
 """
 

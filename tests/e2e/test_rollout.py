@@ -1,4 +1,4 @@
-"""A rollout: one multi-arch image pulled by ten nodes at once (issue 23, acceptance 1, "a read
+"""A rollout: one multi-arch image pulled by ten nodes at once ("a read
 in flight is shared"). The registry is asked for the index once, for each platform manifest
 some node needs once (never for one no node needs), and for each blob once.
 

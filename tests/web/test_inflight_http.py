@@ -1,4 +1,4 @@
-"""R2 extended (issue 23, acceptance 3): a read in flight is shared, on every path.
+"""R2 extended: a read in flight is shared, on every path.
 
 Whatever upstream read is under way — a copy's follow-up (P9), a check's (P10), a tag list's
 or referrers', a standing ask's window read (P11), a stale answer's refresh (§15) — serves

@@ -233,7 +233,7 @@ async def test_with_a_store_a_blob_is_filled_on_the_loop(
     start: Start, tmp_path: Path, relays: list[threading.Thread], wrong: bool
 ) -> None:
     """With a pull-through store, a large blob is read once into the store on the loop, not in
-    a thread (docs/decisions.md): served whole when it is its digest's content, and otherwise
+    a thread (docs/architecture.md): served whole when it is its digest's content, and otherwise
     broken off, with nothing of it kept on disk."""
     client, fake = await start(store=tmp_path / "store")
     served = BODY[:-1] + bytes([BODY[-1] ^ 1]) if wrong else BODY
