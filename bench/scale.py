@@ -60,9 +60,9 @@ from aiohttp import web  # noqa: E402
 from kuikproxy.app import build_app  # noqa: E402
 from kuikproxy.config import parse_config  # noqa: E402
 from kuikproxy.runtime.durable import Durable  # noqa: E402
+from kuikproxy.server import tune_garbage_collection  # noqa: E402
 from kuikproxy.state.threaded import ThreadedStore  # noqa: E402
 from kuikproxy.web.keys import PACER  # noqa: E402
-from kuikproxy.web.server import tune_garbage_collection  # noqa: E402
 from tests.upstream_app import Registry  # noqa: E402
 
 LOOPBACK = "127.0.0.1"

@@ -47,8 +47,8 @@ from kuikproxy.core.images import Image  # noqa: E402
 from kuikproxy.core.limits import Census, Limits  # noqa: E402
 from kuikproxy.core.scheduler import HostScheduler  # noqa: E402
 from kuikproxy.runtime.series import SeriesTimers  # noqa: E402
+from kuikproxy.server import tune_garbage_collection  # noqa: E402
 from kuikproxy.web.keys import PACER  # noqa: E402
-from kuikproxy.web.server import tune_garbage_collection  # noqa: E402
 from tests.upstream_app import Registry  # noqa: E402
 
 LOOPBACK = "127.0.0.1"

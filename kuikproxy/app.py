@@ -18,17 +18,19 @@ from kuikproxy.config import Config
 from kuikproxy.core.tickets import Operation
 from kuikproxy.fleet.backend import FleetBackend
 from kuikproxy.forward.front import Forwarding
+from kuikproxy.observe.handlers import routes as observing
+from kuikproxy.observe.keys import OBSERVED, Observed
+from kuikproxy.observe.metrics import Metrics
+from kuikproxy.observe.windowlog import WindowLog
 from kuikproxy.runtime.durable import Durable
-from kuikproxy.runtime.metrics import Metrics
 from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.runtime.snapshot import snapshot
 from kuikproxy.runtime.watch import FileWatch
-from kuikproxy.runtime.windowlog import WindowLog
 from kuikproxy.upstream.client import AiohttpTransport, Transport
 from kuikproxy.upstream.guard import AddressGuard
 from kuikproxy.upstream.registries import Registries
 from kuikproxy.web.fastpath import serve_kept_answers
-from kuikproxy.web.keys import CURRENT, FORWARDING, METRICS, PACER, RELOADER, WINDOW_LOG
+from kuikproxy.web.keys import ANSWERED, CURRENT, FORWARDING, PACER, RELOADER
 from kuikproxy.web.reload import Current, Reloader
 from kuikproxy.web.routes import add_routes
 
@@ -56,12 +58,11 @@ def build_app(
             authority,
             refused=lambda error: app[PACER].refused_now(None, error),
         )
-    app[WINDOW_LOG] = WindowLog()
     lifecycle = _Lifecycle(config, transport, config_path, fleet)
     app.on_startup.append(lifecycle.start)
     app.on_shutdown.append(lifecycle.stop)
     app.on_cleanup.append(lifecycle.cleanup)
-    add_routes(app.router, forward=forward.enabled)
+    add_routes(app.router, forward=forward.enabled, more=observing())
     if not forward.enabled:  # a tunnel's requests name their registry by the tunnel (§13)
         serve_kept_answers(app)
     return app
@@ -91,7 +92,7 @@ class _Lifecycle:
         def answered(
             host: str, method: str, status: int | None, headers: tuple[tuple[str, str], ...]
         ) -> None:
-            app[METRICS].upstream_answered(host, method, status, headers)
+            app[OBSERVED].metrics.upstream_answered(host, method, status, headers)
             app[PACER].upstream_answered(host, method, status, headers)
 
         async def before_token(host: str) -> None:
@@ -116,7 +117,7 @@ class _Lifecycle:
             pacer.cache.restore(pacer.kept)
         if durable is not None:
             await durable.restore(pacer)
-        metrics = app[METRICS] = Metrics(
+        metrics = Metrics(
             snapshot=lambda rings: snapshot(pacer, pacer.loop.time(), ring_stats=rings),
             known=pacer.known,
         )
@@ -125,9 +126,12 @@ class _Lifecycle:
             metrics.wait.labels(host, operation.value.capitalize()).observe(seconds)
 
         pacer.waits.append(waited)
-        pacer.observers.append(app[WINDOW_LOG].observe)
-        pacer.forgetters += [app[WINDOW_LOG].forget, metrics.forget]
-        reloader = app[RELOADER] = Reloader(self.config_path, app[CURRENT], pacer, metrics)
+        log = WindowLog()
+        pacer.observers.append(log.observe)
+        pacer.forgetters += [log.forget, metrics.forget]
+        reloader = Reloader(self.config_path, app[CURRENT], pacer, metrics.reloaded)
+        app[ANSWERED], app[RELOADER] = metrics, reloader
+        app[OBSERVED] = Observed(pacer, metrics, log, lambda: reloader.loaded)
         if self.config_path is not None:
             self.watches.append(FileWatch(self.config_path, reloader.changed, loop))
             loop.add_signal_handler(signal.SIGHUP, reloader.reload)

@@ -187,7 +187,7 @@ def _serve(args: argparse.Namespace) -> int:
         _print_errors(error)
         return EXIT_USAGE
     # Imported here so that check-config works without importing the web stack.
-    from kuikproxy.web.server import run  # type: ignore[import-not-found,unused-ignore]
+    from kuikproxy.server import run  # type: ignore[import-not-found,unused-ignore]
 
     _configure_logging(args.log_level, args.log_format)
     try:

@@ -154,7 +154,7 @@ def describe(graph: Graph, cycle: list[str]) -> str:
 def test_the_graph_sees_imports_everywhere_but_under_type_checking() -> None:
     graph = import_graph()
     assert "kuikproxy.cli" in graph["kuikproxy.__main__"]  # module level
-    assert "kuikproxy.web.server" in graph["kuikproxy.cli"]  # inside a function
+    assert "kuikproxy.server" in graph["kuikproxy.cli"]  # inside a function
     assert "kuikproxy.fleet.redis" in graph["kuikproxy.fleet.join"]  # inside a function
     assert "kuikproxy.forward.authority" not in graph["kuikproxy.forward.front"]  # TYPE_CHECKING
 

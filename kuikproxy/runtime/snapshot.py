@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Protocol
 
 from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.quota import QuotaSnapshot
@@ -22,7 +23,6 @@ from kuikproxy.core.tickets import Operation
 from kuikproxy.core.views import HostView
 from kuikproxy.runtime.fleet import FleetView
 from kuikproxy.runtime.pacer import Pacer
-from kuikproxy.runtime.windowlog import WindowLog
 
 RingStat = tuple[str, int, float | None]
 """A ring as a scrape reads it: (resource, images, cycleDuration)."""
@@ -85,6 +85,12 @@ class Snapshot:
     recent: dict[tuple[str, Operation], list[tuple[float, str]]]  # the viewed hosts' windows
 
 
+class RecentWindows(Protocol):
+    """The recent outcomes of a series' windows, oldest first (the status page's timeline)."""
+
+    def recent(self, host: str, operation: Operation) -> list[tuple[float, str]]: ...
+
+
 def snapshot(
     pacer: Pacer,
     now: float,
@@ -94,7 +100,7 @@ def snapshot(
     quotas: bool = True,
     ring_stats: int = 0,
     progress: int = 0,
-    log: WindowLog | None = None,
+    log: RecentWindows | None = None,
 ) -> Snapshot:
     """The runtime at ``now``: the views of ``hosts`` (None: every host), each with the rings
     and copy queues of ``resources`` only; every host's quota unless ``quotas`` is False; the
@@ -172,7 +178,7 @@ def _progress(
 
 
 def _recent(
-    log: WindowLog, views: dict[str, HostView]
+    log: RecentWindows, views: dict[str, HostView]
 ) -> dict[tuple[str, Operation], list[tuple[float, str]]]:
     return {
         (host, operation): log.recent(host, operation)

@@ -42,7 +42,7 @@ from kuikproxy.runtime.messages import RegistryRequest
 from kuikproxy.runtime.parking import Waiter
 from kuikproxy.runtime.read import Read
 from kuikproxy.web.classify import classify
-from kuikproxy.web.keys import CURRENT, METRICS, PACER
+from kuikproxy.web.keys import ANSWERED, CURRENT, PACER
 
 log = logging.getLogger(__name__)
 
@@ -312,13 +312,13 @@ class AsParsed:
         head = _head(answer.status, answer.headers, ns)
         if head is None:  # not a header block aiohttp would write: it says why
             return None
-        app[METRICS].answered(target.host, CHECK, str(answer.status), "hit")
+        app[ANSWERED].answered(target.host, CHECK, str(answer.status), "hit")
         return head + _tail(rfc822_formatted_time())
 
     def cancelled(self, read: RegistryRequest) -> None:
         """Counted as the handler counts a request whose client left while it waited."""
         operation = read.operation.value.capitalize()
-        self._app[METRICS].answered(read.host, operation, "cancelled", "miss")
+        self._app[ANSWERED].answered(read.host, operation, "cancelled", "miss")
 
 
 @lru_cache(maxsize=4096)

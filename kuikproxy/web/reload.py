@@ -15,11 +15,11 @@ Settings that only take effect at start — ``listen``, ``state.path`` and ``cac
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kuikproxy.config import Config, load_config
 from kuikproxy.errors import ConfigError
-from kuikproxy.runtime.metrics import Metrics
 from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.runtime.watch import Identity, identity
 from kuikproxy.web.classify import Locator
@@ -53,12 +53,12 @@ class Reloader:
         path: str | None,
         current: Current,
         pacer: Pacer,
-        metrics: Metrics,
+        counted: Callable[[str], None],
     ) -> None:
         self.path = path
         self.current = current
         self.pacer = pacer
-        self.metrics = metrics
+        self.counted = counted  # told each reload's result: success, or error
         self.loaded = Loaded(1, pacer.started)
         self._read: Identity = None if path is None else identity(path)
 
@@ -82,7 +82,7 @@ class Reloader:
             for line in error.errors:
                 log.error("config reload refused, the running config stays: %s", line)
             self.loaded.error = "\n".join(error.errors)
-            self.metrics.reloads.labels("error").inc()
+            self.counted("error")
             return False
         self.loaded.error = None
         old = self.current.config
@@ -99,7 +99,7 @@ class Reloader:
                 )
         self.apply(config)
         self.loaded = Loaded(self.loaded.generation + 1, self.pacer.loop.time())
-        self.metrics.reloads.labels("success").inc()
+        self.counted("success")
         log.info("config reloaded from %s (generation %d)", self.path, self.loaded.generation)
         return True
 

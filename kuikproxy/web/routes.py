@@ -9,6 +9,7 @@ unexpected is logged and answered 500, never allowed to take the process down.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from aiohttp import web
 
@@ -17,10 +18,8 @@ from kuikproxy.errors import InternalError, NotFound, RegistryError, Unsupported
 from kuikproxy.runtime.messages import Reply, forwarded
 from kuikproxy.web.classify import Located, Target, auth_key, classify
 from kuikproxy.web.fastpath import admitted
-from kuikproxy.web.keys import CURRENT, FORWARDING, METRICS, PACER
-from kuikproxy.web.observe import metrics_page, status, status_schema
+from kuikproxy.web.keys import ANSWERED, CURRENT, FORWARDING, PACER
 from kuikproxy.web.oci import API_VERSION, error_response
-from kuikproxy.web.page import status_page
 from kuikproxy.web.proxying import ProxyRequests, RegistryPaths
 from kuikproxy.web.relay import answer_response, relocate, send_body, send_shared, stream
 
@@ -83,7 +82,7 @@ async def registry(request: web.Request) -> web.StreamResponse:
         if early is not None:
             early[0].abandon()  # nothing if it was entered; else what admission gave, given up
         code = "cancelled" if response is None else str(response.status)
-        request.app[METRICS].answered(host, operation, code, cache)
+        request.app[ANSWERED].answered(host, operation, code, cache)
     return response
 
 
@@ -170,13 +169,14 @@ async def healthz(request: web.Request) -> web.StreamResponse:
     return web.json_response({"status": "ok"})
 
 
-def add_routes(router: web.UrlDispatcher, *, forward: bool) -> None:
+def add_routes(
+    router: web.UrlDispatcher, *, forward: bool, more: Iterable[web.RouteDef] = ()
+) -> None:
+    """The data path's routes, and ``more`` (what kuikproxy shows of itself) before the last
+    one, which answers every other path 404."""
     router.register_resource(ProxyRequests(forward=forward))
     router.register_resource(RegistryPaths(registry))
     router.add_get("/healthz", healthz)
     router.add_get("/readyz", healthz)
-    router.add_get("/", status_page)
-    router.add_get("/status", status)
-    router.add_get("/status/schema", status_schema)
-    router.add_get("/metrics", metrics_page)
+    router.add_routes(more)
     router.add_route("*", "/{tail:.*}", not_found)

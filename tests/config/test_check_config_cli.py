@@ -87,13 +87,13 @@ def test_serve_invalid_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_serve_calls_run(with_file: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """serve loads the config (or the embedded default) and hands it to web.server.run."""
     calls: list[tuple[Config, dict[str, Any]]] = []
-    server = types.ModuleType("kuikproxy.web.server")
+    server = types.ModuleType("kuikproxy.server")
 
     def run(config: Config, **kwargs: Any) -> None:
         calls.append((config, kwargs))
 
     server.run = run  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "kuikproxy.web.server", server)
+    monkeypatch.setitem(sys.modules, "kuikproxy.server", server)
     monkeypatch.setattr("kuikproxy.cli._configure_logging", lambda level, fmt: None)
     path = tmp_path / "kuik.yaml"
     path.write_text("listen: ':9999'\n")
@@ -119,9 +119,9 @@ def test_a_file_without_a_document_is_refused_at_start(
 ) -> None:
     """A named file with nothing in it is an invalid config, not the embedded default:
     check-config exits 1 and serve refuses to start (2), both saying why on stderr."""
-    server = types.ModuleType("kuikproxy.web.server")
+    server = types.ModuleType("kuikproxy.server")
     server.run = lambda config, **kwargs: pytest.fail("serve started")  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "kuikproxy.web.server", server)
+    monkeypatch.setitem(sys.modules, "kuikproxy.server", server)
     path = tmp_path / "kuik.yaml"
     path.write_text(text)
     argv = [command, str(path)] if command == "check-config" else [command, "--config", str(path)]

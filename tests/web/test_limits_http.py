@@ -18,10 +18,11 @@ from aiohttp.test_utils import TestClient
 
 from kuikproxy.config import LimitsSettings
 from kuikproxy.core.tickets import Operation
-from kuikproxy.runtime import metrics
+from kuikproxy.observe import metrics
+from kuikproxy.observe.keys import OBSERVED
 from kuikproxy.runtime.host import Host
 from kuikproxy.runtime.pacer import Pacer
-from kuikproxy.web.keys import PACER, WINDOW_LOG
+from kuikproxy.web.keys import PACER
 from tests.conftest import HOST, ProxyFactory, head
 from tests.upstream_app import Registry
 from tests.web.test_metrics_http import named, scrape
@@ -170,7 +171,7 @@ async def test_a_quiet_host_has_no_timer_and_is_forgotten_after_the_retention(
     assert set(status["registries"]) == {HOST}
     series = await scrape(client)
     assert not any(("registry", wild) in labels for _, labels in series)
-    assert client.server.app[WINDOW_LOG].recent(wild, Operation.CHECK) == []
+    assert client.server.app[OBSERVED].log.recent(wild, Operation.CHECK) == []
     assert (await check(client, "v1", "web", "127.9.0.2")).status == 403  # admitted now
 
 

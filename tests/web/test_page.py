@@ -10,7 +10,7 @@ import re
 import pytest
 
 from kuikproxy.core.rings import Ring
-from kuikproxy.web.page_rows import OUTCOME_COLORS
+from kuikproxy.observe.page_rows import OUTCOME_COLORS
 from tests.conftest import HOST, ProxyFactory, head
 from tests.upstream_app import Registry
 

@@ -27,10 +27,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
+from kuikproxy.server import SHUTDOWN_GRACE
 from kuikproxy.upstream.client import STALL_TIMEOUT
 from kuikproxy.upstream.detached import READ_SIZE
 from kuikproxy.web import relay, threadrelay
-from kuikproxy.web.server import SHUTDOWN_GRACE
 from tests.web.test_content_http import HOST, Lie, LyingRegistry, blob_of, digest_of, serve_lying
 
 pytestmark = pytest.mark.looptime

@@ -1,5 +1,5 @@
 """``/status`` (SPEC §8): a :class:`~kuikproxy.runtime.snapshot.Snapshot` rendered as one
-JSON document, in the models of :mod:`kuikproxy.web.statusmodels`. Nothing here computes
+JSON document, in the models of :mod:`kuikproxy.observe.statusmodels`. Nothing here computes
 pacing state: it renders the snapshot.
 """
 
@@ -13,9 +13,7 @@ from kuikproxy.core.limits import Census
 from kuikproxy.core.quota import QuotaSnapshot
 from kuikproxy.core.views import HostView, SeriesView
 from kuikproxy.durations import format_duration
-from kuikproxy.runtime.fleet import FleetView
-from kuikproxy.runtime.snapshot import Snapshot
-from kuikproxy.web.statusmodels import (
+from kuikproxy.observe.statusmodels import (
     BucketStatus,
     CacheStatus,
     CheckSeries,
@@ -37,6 +35,8 @@ from kuikproxy.web.statusmodels import (
     StoreStatus,
     WindowCounts,
 )
+from kuikproxy.runtime.fleet import FleetView
+from kuikproxy.runtime.snapshot import Snapshot
 
 
 class Clock:

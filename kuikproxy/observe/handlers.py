@@ -1,5 +1,5 @@
 """What kuikproxy shows of itself over HTTP: ``/status`` and its schema (SPEC §8), ``/metrics``
-(SPEC §9). (``/``, the page for a person, is :mod:`kuikproxy.web.page`.)
+(SPEC §9), and ``/``, the page for a person (:mod:`kuikproxy.observe.page`).
 
 Each takes one :class:`~kuikproxy.runtime.snapshot.Snapshot` on the event loop, costing what it
 shows, and builds and dumps its document in a worker thread: with a thousand hosts that is tens
@@ -13,15 +13,26 @@ import asyncio
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from kuikproxy.observe.keys import OBSERVED
+from kuikproxy.observe.page import status_page
+from kuikproxy.observe.status import DEFAULT_PAGE, MAX_PAGE, Clock, build_status, resource_page
+from kuikproxy.observe.statusmodels import ConfigStatus, Status
 from kuikproxy.runtime.snapshot import snapshot
-from kuikproxy.web.keys import METRICS, PACER, RELOADER
-from kuikproxy.web.status import DEFAULT_PAGE, MAX_PAGE, Clock, build_status, resource_page
-from kuikproxy.web.statusmodels import ConfigStatus, Status
+
+
+def routes() -> list[web.RouteDef]:
+    """The observing routes, for the composition root to add beside the data path's."""
+    return [
+        web.get("/", status_page),
+        web.get("/status", status),
+        web.get("/status/schema", status_schema),
+        web.get("/metrics", metrics_page),
+    ]
 
 
 async def metrics_page(request: web.Request) -> web.StreamResponse:
     """``/metrics`` (SPEC §9), Prometheus text format."""
-    body = await request.app[METRICS].render()
+    body = await request.app[OBSERVED].metrics.render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -33,7 +44,8 @@ async def status_schema(request: web.Request) -> web.StreamResponse:
 async def status(request: web.Request) -> web.StreamResponse:
     """``/status`` (SPEC §8), narrowed by ``?resource=`` and ``?registry=``; resources come a
     page at a time (``?after=``, ``?limit=``), so that no status holds the loop for long."""
-    pacer = request.app[PACER]
+    observed = request.app[OBSERVED]
+    pacer = observed.pacer
     query = request.query
     try:
         limit = int(query.get("limit", DEFAULT_PAGE))
@@ -49,7 +61,7 @@ async def status(request: web.Request) -> web.StreamResponse:
     # ?registry= shows one host: the others are not viewed at all
     hosts = None if registry is None else (registry,)
     snap = snapshot(pacer, pacer.loop.time(), resources=page.names, hosts=hosts)
-    loaded, clock = request.app[RELOADER].loaded, Clock(snap.wall_offset)
+    loaded, clock = observed.loaded(), Clock(snap.wall_offset)
     # copied now: a reload changes it in place
     config = ConfigStatus(
         generation=loaded.generation, loadedAt=clock.rfc3339(loaded.at), lastError=loaded.error

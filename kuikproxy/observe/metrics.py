@@ -3,7 +3,7 @@
 Two kinds. The pacing state — ring sizes, laps, intervals, window outcomes, waiting requests,
 blocks, priority levels, quota buckets, refusals — is read at scrape time from one
 :class:`~kuikproxy.runtime.snapshot.Snapshot`, never kept twice (the collectors of
-:mod:`kuikproxy.runtime.collectors`). Events — requests answered, upstream requests, waits — are
+:mod:`kuikproxy.observe.collectors`). Events — requests answered, upstream requests, waits — are
 counted as they happen (:class:`Metrics`).
 
 Three names are the pacing document's own, so its health query works unchanged::
@@ -32,7 +32,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from kuikproxy.runtime.collectors import (
+from kuikproxy.observe.collectors import (
     NO_HOST,
     FleetCollector,
     FlowControlCollector,
@@ -122,6 +122,10 @@ class Metrics:
     def answered(self, host: str, operation: str, code: str, cache: str) -> None:
         """One request answered."""
         self._child(self._answered, self.requests, host, (operation, code, cache)).inc()
+
+    def reloaded(self, result: str) -> None:
+        """A config reload's ``result``: ``success`` or ``error`` (§7.2)."""
+        self.reloads.labels(result).inc()
 
     def upstream_answered(
         self, host: str, method: str, status: int | None, headers: tuple[tuple[str, str], ...]

@@ -1,6 +1,6 @@
 """The models of ``/status`` (SPEC §8), as pydantic: the document and its JSON Schema come from
 one definition. Times are RFC 3339 UTC, durations Go-style strings, as kuik's own status writes
-them. :mod:`kuikproxy.web.status` fills them from a snapshot."""
+them. :mod:`kuikproxy.observe.status` fills them from a snapshot."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The parts of the status page (:mod:`kuikproxy.web.page`): each host's card with its series'
+"""The parts of the status page (:mod:`kuikproxy.observe.page`): each host's card with its series'
 window timelines, the legend, and the tables of rings, priority levels and refusals — each
 drawn from the :class:`~kuikproxy.runtime.snapshot.Snapshot` the page took. Resource and image
 names come from clients: every string is escaped.
@@ -14,7 +14,7 @@ from kuikproxy.core.rings import SLOW_LAP, lap_ratio
 from kuikproxy.core.tickets import Operation
 from kuikproxy.core.views import HostView, SeriesView
 from kuikproxy.durations import format_duration, human_span
-from kuikproxy.runtime.collectors import NO_HOST
+from kuikproxy.observe.collectors import NO_HOST
 from kuikproxy.runtime.snapshot import Snapshot
 
 OUTCOMES = ("used", "idle", "busy", "blocked", "fleet")

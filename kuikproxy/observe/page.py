@@ -1,9 +1,9 @@
 """``/``: the status page, for a person in front of a browser.
 
 The same :class:`~kuikproxy.runtime.snapshot.Snapshot` as ``/status`` and ``/metrics``, drawn as
-HTML (:mod:`kuikproxy.web.page_rows` draws its parts): per host, both series' next windows,
+HTML (:mod:`kuikproxy.observe.page_rows` draws its parts): per host, both series' next windows,
 counters and the recent window outcomes as a timeline
-(:class:`~kuikproxy.runtime.windowlog.WindowLog`); per resource, each ring's place in its lap
+(:class:`~kuikproxy.observe.windowlog.WindowLog`); per resource, each ring's place in its lap
 and its last lap against its best case, ``cycleDuration / (images × check.interval)`` (the
 pacing document's "Watching the pace" ratio). Nothing here computes pacing: the only figure not
 in a host's view is the cursor's place in its ring, which the snapshot takes for the page.
@@ -19,9 +19,8 @@ from collections.abc import Collection
 from aiohttp import web
 
 from kuikproxy.durations import human_span
-from kuikproxy.runtime.snapshot import Snapshot, snapshot
-from kuikproxy.web.keys import PACER, WINDOW_LOG
-from kuikproxy.web.page_rows import (
+from kuikproxy.observe.keys import OBSERVED
+from kuikproxy.observe.page_rows import (
     host_card,
     legend,
     level_rows,
@@ -30,6 +29,7 @@ from kuikproxy.web.page_rows import (
     store_rows,
     wall_clock,
 )
+from kuikproxy.runtime.snapshot import Snapshot, snapshot
 
 REFRESH = 2
 """Seconds between reloads of the page."""
@@ -46,7 +46,8 @@ rings get no lap bar, so that a page never holds the event loop for long, howeve
 async def status_page(request: web.Request) -> web.StreamResponse:
     """``GET /``: the status page, of a snapshot of the cards' hosts and of those the listed
     resources have rings on (no other is viewed)."""
-    pacer = request.app[PACER]
+    observed = request.app[OBSERVED]
+    pacer = observed.pacer
     now = pacer.loop.time()
     names, _ = pacer.census.page(None, PAGE_RESOURCES)
     configured = pacer.config.registries
@@ -59,7 +60,7 @@ async def status_page(request: web.Request) -> web.StreamResponse:
         hosts=wanted,
         quotas=False,  # the page shows none
         progress=POSITION_BUDGET,
-        log=request.app[WINDOW_LOG],
+        log=observed.log,
     )
     return web.Response(
         text=render(snap, cards),
