@@ -85,7 +85,7 @@ def test_serve_invalid_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
 
 @pytest.mark.parametrize("with_file", [True, False])
 def test_serve_calls_run(with_file: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """serve loads the config (or the embedded default) and hands it to web.server.run."""
+    """serve loads the config (or the embedded default) and hands it to server.run."""
     calls: list[tuple[Config, dict[str, Any]]] = []
     server = types.ModuleType("kuikproxy.server")
 
