@@ -19,8 +19,8 @@ from kuikproxy.core.tickets import Operation
 from kuikproxy.fleet.backend import FleetBackend
 from kuikproxy.forward.front import Forwarding
 from kuikproxy.observe.handlers import routes as observing
-from kuikproxy.observe.keys import OBSERVED, Observed
 from kuikproxy.observe.metrics import Metrics
+from kuikproxy.observe.observed import OBSERVED, Observed
 from kuikproxy.observe.windowlog import WindowLog
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.pacer import Pacer

@@ -218,7 +218,7 @@ def _status(args: argparse.Namespace) -> int:
 def _inject_webhook(args: argparse.Namespace) -> int:
     # Imported here: the other commands need none of it.
     from kuikproxy.inject.patch import SidecarSettings
-    from kuikproxy.inject.server import WebhookSettings, run
+    from kuikproxy.inject.webhook import WebhookSettings, run
 
     missing = [
         f"{flag} (or {variable}) is required"

@@ -61,7 +61,7 @@ class Changes:
 
 
 @dataclass(frozen=True, slots=True)
-class Loaded:
+class IndexRows:
     blobs: list[BlobRow]  # least recently used first
     grants: list[tuple[GrantKey, int]]  # oldest first
     tags: list[tuple[TagRecord, int]]  # oldest first
@@ -87,7 +87,7 @@ class Index:
         self._db = self._connect()
 
     @classmethod
-    def open(cls, path: str) -> tuple[Index, Loaded]:
+    def open(cls, path: str) -> tuple[Index, IndexRows]:
         """Open the index at ``path`` and read it whole; afresh, empty, when it cannot be read."""
         try:
             index = cls(path)
@@ -97,7 +97,7 @@ class Index:
             return index, index.load()
         except sqlite3.DatabaseError as error:  # damage that the quick check did not see
             index.close()
-            return cls._afresh(path, error), Loaded([], [], [])
+            return cls._afresh(path, error), IndexRows([], [], [])
 
     @classmethod
     def _afresh(cls, path: str, error: sqlite3.DatabaseError) -> Index:
@@ -129,7 +129,7 @@ class Index:
             raise
         return db
 
-    def load(self) -> Loaded:
+    def load(self) -> IndexRows:
         db = self._db
         blobs = [
             BlobRow(*row)
@@ -148,7 +148,7 @@ class Index:
                 " ORDER BY seq"
             )
         ]
-        return Loaded(blobs, grants, tags)
+        return IndexRows(blobs, grants, tags)
 
     def apply(self, changes: Changes) -> None:
         """Write ``changes`` in one transaction. A failure (a full disk) is logged, not raised:

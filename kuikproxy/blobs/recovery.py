@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from kuikproxy.blobs import disk
 from kuikproxy.blobs.disk import Layout
-from kuikproxy.blobs.index import Changes, Index, Loaded, tag_key
+from kuikproxy.blobs.index import Changes, Index, IndexRows, tag_key
 from kuikproxy.errors import StateError
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 class Recovered:
     lock: int  # the lock's descriptor: held while the store is open
     index: Index
-    loaded: Loaded  # only rows of blobs whose files are there
+    loaded: IndexRows  # only rows of blobs whose files are there
 
 
 def recover(layout: Layout) -> Recovered:
@@ -52,7 +52,7 @@ def recover(layout: Layout) -> Recovered:
         raise
 
 
-def _agree(layout: Layout, index: Index, loaded: Loaded) -> Loaded:
+def _agree(layout: Layout, index: Index, loaded: IndexRows) -> IndexRows:
     files = disk.scan(layout)
     blobs = [row for row in loaded.blobs if files.get(row.digest) == row.size]
     kept = {row.digest for row in blobs}
@@ -74,7 +74,7 @@ def _agree(layout: Layout, index: Index, loaded: Loaded) -> Loaded:
         )
     if changes:
         index.apply(changes)
-    return Loaded(
+    return IndexRows(
         blobs,
         [(key, seq) for key, seq in loaded.grants if key[2] in kept],
         [(record, seq) for record, seq in loaded.tags if record.digest in kept],

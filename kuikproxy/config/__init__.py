@@ -2,8 +2,8 @@
 
 from kuikproxy.config.describe import describe
 from kuikproxy.config.fields import validate_host
-from kuikproxy.config.flow import FlowControl
-from kuikproxy.config.flow import validated_level as PriorityLevel
+from kuikproxy.config.flowsettings import FlowControl
+from kuikproxy.config.flowsettings import validated_level as PriorityLevel
 from kuikproxy.config.loading import (
     EMBEDDED_DEFAULT_SOURCE,
     build_config,

@@ -10,7 +10,7 @@ running set of levels and are in ``/status``, not here.
 
 from __future__ import annotations
 
-from kuikproxy.config.flow import FlowControl
+from kuikproxy.config.flowsettings import FlowControl
 from kuikproxy.config.models import DEFAULT_BLOCK, Config
 from kuikproxy.config.quotas import QuotaSettings
 from kuikproxy.config.registry import RegistrySettings

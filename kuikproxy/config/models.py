@@ -10,7 +10,7 @@ are ``float`` seconds, accepted as Go-style strings or numbers (:mod:`kuikproxy.
 Here is the whole :class:`Config`; a registry host's settings live in
 :mod:`kuikproxy.config.registry`, the process-wide ones (cache, limits, state, forward proxy,
 fleet) in :mod:`kuikproxy.config.process`, the field types in :mod:`kuikproxy.config.fields`.
-Flow control (§10) lives in :mod:`kuikproxy.config.flow`, registry quotas (§11) in
+Flow control (§10) lives in :mod:`kuikproxy.config.flowsettings`, registry quotas (§11) in
 :mod:`kuikproxy.config.quotas`.
 
 Objects built here directly (tests, code) are validated field by field, but the cross-host rules
@@ -29,7 +29,7 @@ from pydantic.dataclasses import dataclass
 
 from kuikproxy.config.base import MODEL_CONFIG, host_patterns
 from kuikproxy.config.fields import Duration, IdentitySource, validate_host
-from kuikproxy.config.flow import FlowControl
+from kuikproxy.config.flowsettings import FlowControl
 from kuikproxy.config.process import (
     CacheSettings,
     FleetSettings,

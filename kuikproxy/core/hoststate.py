@@ -3,7 +3,7 @@
 :class:`HostState` holds one host's pacing settings (:class:`HostPacing`), its two series, its
 rings and copy queues, its waiting tickets and grants; the parts of
 :class:`~kuikproxy.core.scheduler.HostScheduler` build on it — checks
-(:mod:`kuikproxy.core.checks`), copies (:mod:`kuikproxy.core.copying`), standing asks
+(:mod:`kuikproxy.core.checks`), copies (:mod:`kuikproxy.core.copyseries`), standing asks
 (:mod:`kuikproxy.core.standing`), restarts (:mod:`kuikproxy.core.restarts`) and sleeping series
 (:mod:`kuikproxy.core.housekeeping`). Here too: settings applied in place (P12), blocks (§11),
 the outcome of a window counted, and the turn order of a window (P4).
@@ -15,7 +15,7 @@ import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kuikproxy.core.copies import CopyQueue, OpenCopy
+from kuikproxy.core.copyqueues import CopyQueue, OpenCopy
 from kuikproxy.core.limits import Census
 from kuikproxy.core.rings import Ring
 from kuikproxy.core.sharedreads import SharedReads

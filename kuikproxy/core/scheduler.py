@@ -13,7 +13,7 @@ containerd node, …) holds a :class:`~kuikproxy.core.rings.Ring` per host: the 
 there, byte-wise ordered, with a cursor. At a check window the resources with something due take
 turns, round-robin in their names' order, skipping those with nothing due (P4); the resource
 whose turn it is takes the first due image after its cursor (P5). Copies do the same over
-per-resource queues in arrival order (P9, :mod:`kuikproxy.core.copies`).
+per-resource queues in arrival order (P9, :mod:`kuikproxy.core.copyqueues`).
 
 One read serves everyone who waits for that image when the window reads it (R2), and its answer
 is kept: a later request of another resource is answered from it at once when it is newer than
@@ -29,7 +29,7 @@ it on a :class:`~kuikproxy.core.tickets.Ticket`, or read an image upstream for a
 
 The scheduler is built in parts, one concern each, over the state they share
 (:mod:`kuikproxy.core.hoststate`): checks (:mod:`kuikproxy.core.checks`), copies
-(:mod:`kuikproxy.core.copying`), requests that stop waiting and standing asks
+(:mod:`kuikproxy.core.copyseries`), requests that stop waiting and standing asks
 (:mod:`kuikproxy.core.standing`), what survives a restart (:mod:`kuikproxy.core.restarts`),
 sleeping series and sweeps (:mod:`kuikproxy.core.housekeeping`); its decisions are values of
 :mod:`kuikproxy.core.tickets`, its snapshots of :mod:`kuikproxy.core.views`.
@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator
 
 from kuikproxy.core.checks import CheckTurns
-from kuikproxy.core.copying import CopyTurns
+from kuikproxy.core.copyseries import CopyTurns
 from kuikproxy.core.housekeeping import Housekeeping
 from kuikproxy.core.restarts import RestartState
 from kuikproxy.core.tickets import Operation

@@ -13,7 +13,7 @@ import asyncio
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from kuikproxy.observe.keys import OBSERVED
+from kuikproxy.observe.observed import OBSERVED
 from kuikproxy.observe.page import status_page
 from kuikproxy.observe.status import DEFAULT_PAGE, MAX_PAGE, Clock, build_status, resource_page
 from kuikproxy.observe.statusmodels import ConfigStatus, Status

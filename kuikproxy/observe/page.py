@@ -19,7 +19,7 @@ from collections.abc import Collection
 from aiohttp import web
 
 from kuikproxy.durations import human_span
-from kuikproxy.observe.keys import OBSERVED
+from kuikproxy.observe.observed import OBSERVED
 from kuikproxy.observe.page_rows import (
     host_card,
     legend,

@@ -27,7 +27,7 @@ from kuikproxy.core.quota import (
 )
 from kuikproxy.core.scheduler import HostScheduler
 from kuikproxy.runtime.fleet import FleetLink
-from kuikproxy.runtime.flow import Flow
+from kuikproxy.runtime.flowgate import Flow
 
 
 def quota_specs(settings: RegistrySettings) -> tuple[BucketSpec, ...]:

@@ -3,9 +3,9 @@
 A :class:`Host` is made at a host's first request (or at start, for a configured one) and
 holds its :class:`~kuikproxy.core.scheduler.HostScheduler`, its series' timers
 (:mod:`~kuikproxy.runtime.series`), its parked requests (:mod:`~kuikproxy.runtime.parking`),
-its window reads (:mod:`~kuikproxy.runtime.reads`), its budget (:mod:`~kuikproxy.runtime.budget`)
-and its refusal counts. Admission is here: a request is answered from a kept answer, let go,
-or parked for its window — as the scheduler decides.
+its window reads (:mod:`~kuikproxy.runtime.windowreads`), its budget
+(:mod:`~kuikproxy.runtime.budget`) and its refusal counts. Admission is here: a request is
+answered from a kept answer, let go, or parked for its window — as the scheduler decides.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from kuikproxy.runtime.budget import Budget
 from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
 from kuikproxy.runtime.parking import Parking, Waiter
-from kuikproxy.runtime.reads import Reader
 from kuikproxy.runtime.refusals import Refusals
 from kuikproxy.runtime.series import SeriesTimers
 from kuikproxy.runtime.services import Services
+from kuikproxy.runtime.windowreads import WindowReader
 
 # What admission hands the read: an answer now, a go now, or a place to wait for its window.
 Admitted = Answer | Go | Waiter
@@ -67,7 +67,7 @@ class Host:
         own = services.registries.has_credentials(host)
         self.budget = Budget(host, self.settings, s, services.loop, own)
         self.parking = Parking(s, services.loop)
-        self.reader = Reader(
+        self.reader = WindowReader(
             host,
             scheduler=s,
             parking=self.parking,

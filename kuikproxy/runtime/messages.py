@@ -27,7 +27,7 @@ from kuikproxy.core.reuse import (
     shared_with,
 )
 from kuikproxy.core.tickets import Operation
-from kuikproxy.runtime.flow import Flow, FlowGate
+from kuikproxy.runtime.flowgate import Flow, FlowGate
 from kuikproxy.upstream.client import UpstreamRequest, UpstreamResponse, end_to_end
 from kuikproxy.upstream.detached import DetachedBody
 

@@ -1,8 +1,9 @@
 """The runtime's one entry point: every host's pacing on one event loop, and every read.
 
 :meth:`Pacer.read` is the whole life of a registry read after the edge classified it
-(:class:`~kuikproxy.runtime.read.Read`); the pacer holds what a read asks of the process: the
-hosts, admission, the quota and seats, the upstream request, the pull-through store (§15).
+(:class:`~kuikproxy.runtime.clientread.ClientRead`); the pacer holds what a read asks of the
+process: the hosts, admission, the quota and seats, the upstream request, the pull-through
+store (§15).
 
 Each host's state is a :class:`~kuikproxy.runtime.host.Host`, made at its first request (at
 start for a configured one) and let go of when unused (P8); the pacer keeps them, reloads them
@@ -27,10 +28,11 @@ from kuikproxy.core.stored import serves_stale
 from kuikproxy.core.tickets import Operation
 from kuikproxy.errors import Unavailable, UpstreamTimeout
 from kuikproxy.fleet.backend import FleetBackend
+from kuikproxy.runtime.clientread import ClientRead
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.flights import Flights
-from kuikproxy.runtime.flow import FlowGate
+from kuikproxy.runtime.flowgate import FlowGate
 from kuikproxy.runtime.host import Admitted
 from kuikproxy.runtime.hosts import Hosts, limits_of
 from kuikproxy.runtime.kept import KeptAnswers
@@ -45,10 +47,9 @@ from kuikproxy.runtime.messages import (
 from kuikproxy.runtime.pings import Pings
 from kuikproxy.runtime.proofs import Proofs
 from kuikproxy.runtime.pullthrough import PullThrough
-from kuikproxy.runtime.read import Read
-from kuikproxy.runtime.reads import send
 from kuikproxy.runtime.services import Services
 from kuikproxy.runtime.sweeps import Sweeps
+from kuikproxy.runtime.windowreads import send
 from kuikproxy.upstream.client import UpstreamRequest
 from kuikproxy.upstream.registries import Registries
 
@@ -113,12 +114,12 @@ class Pacer(Hosts):
 
     # -- a read ---------------------------------------------------------------------------
 
-    def read(self, request: RegistryRequest, connection: object = None) -> Read:
-        """The life of a classified read (:class:`Read`): ``async with pacer.read(request) as
+    def read(self, request: RegistryRequest, connection: object = None) -> ClientRead:
+        """The life of a classified read (:class:`ClientRead`): ``async with pacer.read(request) as
         reply`` gives what to give the client, open inside the block. ``connection`` is the
         edge's (aiohttp's ``request.protocol``): its keep-alive timer is let go of while the
-        read is held (:func:`~kuikproxy.runtime.read._not_idle`)."""
-        return Read(self, request, connection)
+        read is held (:func:`~kuikproxy.runtime.clientread._not_idle`)."""
+        return ClientRead(self, request, connection)
 
     def serves_stale(self, request: RegistryRequest) -> bool:
         """Whether ``request`` may be answered stale while its host cannot be asked (§15)."""

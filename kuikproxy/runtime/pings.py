@@ -16,7 +16,7 @@ from collections.abc import Callable
 from kuikproxy.core.reuse import owners_serving, shared_with
 from kuikproxy.errors import UpstreamUnreachable
 from kuikproxy.runtime.messages import Answer, Headers
-from kuikproxy.runtime.reads import send
+from kuikproxy.runtime.windowreads import send
 from kuikproxy.upstream.client import UpstreamRequest
 from kuikproxy.upstream.registries import Registries
 

@@ -19,7 +19,7 @@ from kuikproxy.core.tickets import Operation, WindowResult
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.flights import Flights
-from kuikproxy.runtime.flow import FlowGate
+from kuikproxy.runtime.flowgate import FlowGate
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.sweeps import Sweeps
 from kuikproxy.upstream.registries import Registries

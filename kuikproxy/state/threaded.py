@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-from kuikproxy.state.store import Batch, Saved, StateStore
+from kuikproxy.state.statefile import Batch, Saved, StateStore
 
 
 class ThreadedStore:

@@ -28,14 +28,14 @@ from kuikproxy.core.images import (
 )
 from kuikproxy.core.tickets import Operation
 from kuikproxy.errors import Ambiguous, Denied, NameInvalid, NameUnknown, NotFound
-from kuikproxy.runtime.flow import FlowGate
+from kuikproxy.runtime.flowgate import FlowGate
 from kuikproxy.runtime.messages import KUIK_OPERATION, RegistryRequest
 
 _MAX_RESOURCE = 253
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
+class ParsedPath:
     """A parsed ``/v2/`` path: ``kind`` is ``ping``, ``manifests``, ``blobs``, or ``raw`` (a
     write's path, passed through as it is: ``repository`` holds all of it after ``/v2/``)."""
 
@@ -44,34 +44,34 @@ class Route:
     reference: str = ""
 
 
-def parse_route(raw_path: str) -> Route:
+def parse_route(raw_path: str) -> ParsedPath:
     """Split ``/v2/<name>/(manifests|blobs)/<reference>``; the name is validated later, once
     the host (and so Docker Hub's ``library/``) is known."""
     if raw_path in ("/v2", "/v2/"):
-        return Route("ping")
+        return ParsedPath("ping")
     if not raw_path.startswith("/v2/"):
         raise NotFound(f"no such route {raw_path[:200]!r}")
     rest = raw_path[len("/v2/") :]
     name, marker, _ = rest.rpartition("/tags/list")
     if marker and rest.endswith(marker) and name:
-        return Route(TAGS, name, "list")
+        return ParsedPath(TAGS, name, "list")
     for kind in (MANIFESTS, BLOBS, REFERRERS):
         name, marker, reference = rest.rpartition(f"/{kind}/")
         if marker:
             if not name or not reference or "/" in reference:
                 raise NameUnknown(f"invalid path {raw_path[:200]!r}")
-            return Route(kind, name, reference)
+            return ParsedPath(kind, name, reference)
     raise NotFound(f"kuikproxy does not serve {raw_path[:200]!r}")
 
 
-def parse_raw_route(raw_path: str) -> Route:
+def parse_raw_route(raw_path: str) -> ParsedPath:
     """A write's path (uploads, manifest PUTs, deletes): checked for traversal, not parsed."""
     if not raw_path.startswith("/v2/"):
         raise NotFound(f"no such route {raw_path[:200]!r}")
     rest = raw_path[len("/v2/") :]
     if any(segment in ("", ".", "..") for segment in rest.rstrip("/").split("/")):
         raise NameInvalid(f"invalid path {raw_path[:200]!r}")
-    return Route("raw", rest)
+    return ParsedPath("raw", rest)
 
 
 Query = Sequence[tuple[str, str]]
@@ -97,13 +97,13 @@ class Target:
     and whether the host came from ``?ns=`` (the answer then says ``OCI-Namespace``)."""
 
     host: str
-    route: Route
+    route: ParsedPath
     by_ns: bool
     prefix: str | None = None  # the path segment that named the host, as the client wrote it
     by_default: bool = False  # nothing named the host: it is defaultRegistry
 
 
-def locate(route: Route, query: Query, host_header: str, config: Config) -> Target:
+def locate(route: ParsedPath, query: Query, host_header: str, config: Config) -> Target:
     """The registry host a request is for (SPEC §3), in order: ``?ns=`` (containerd), a path
     prefix (``/v2/<host>/<repository>/...``), the ``Host`` header through ``hostAliases``, and
     ``defaultRegistry``. A host that is not allowed (§3.1) is refused before anything else."""
@@ -117,10 +117,12 @@ def locate(route: Route, query: Query, host_header: str, config: Config) -> Targ
         named = _prefix_host(first, config)
         if named != host:
             raise _ambiguous(host, named, "the path names")
-        return Target(host, Route(route.kind, rest, route.reference), by_ns=True, prefix=first)
+        return Target(host, ParsedPath(route.kind, rest, route.reference), by_ns=True, prefix=first)
     if prefixed:
         host = _prefix_host(first, config)
-        return Target(host, Route(route.kind, rest, route.reference), by_ns=False, prefix=first)
+        return Target(
+            host, ParsedPath(route.kind, rest, route.reference), by_ns=False, prefix=first
+        )
     alias = config.host_aliases.get(host_header.lower())
     if alias is None:
         alias = config.host_aliases.get(host_header.lower().rpartition(":")[0])
@@ -270,7 +272,7 @@ def _parsed_query(raw: str) -> tuple[tuple[str, str], ...]:
     return tuple(parse_query(raw))
 
 
-def image_of(host: str, route: Route, query: Query) -> Image:
+def image_of(host: str, route: ParsedPath, query: Query) -> Image:
     """The image a read names, every part validated (§12)."""
     repository = parse_repository(route.repository, host)
     if route.kind == BLOBS:

@@ -12,7 +12,8 @@ byte for byte what aiohttp would have written (its ``Date`` and ``Server`` inclu
 counted as the handler counts it.
 
 A plain ``HEAD`` or ``GET`` of an image that no kept answer serves is admitted there too, when
-admission awaits nothing (:meth:`Read.admit_now <kuikproxy.runtime.read.Read.admit_now>`): one
+admission awaits nothing (:meth:`ClientRead.admit_now
+<kuikproxy.runtime.clientread.ClientRead.admit_now>`): one
 that waits for its window is parked as a parsed message, with no handler, task or request
 object of aiohttp's until its window comes (the same objects held for every waiting request
 are what a held request costs: ``bench/RESULTS.md`` §2); its handler then carries out the
@@ -38,9 +39,9 @@ from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler
 
 from kuikproxy.errors import RegistryError
+from kuikproxy.runtime.clientread import ClientRead
 from kuikproxy.runtime.messages import RegistryRequest
 from kuikproxy.runtime.parking import Waiter
-from kuikproxy.runtime.read import Read
 from kuikproxy.web.classify import classify
 from kuikproxy.web.keys import ANSWERED, CURRENT, PACER
 
@@ -114,10 +115,10 @@ class Protocol(RequestHandler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._messages = _Messages()  # type: ignore[assignment]
-        # the first message's read, admitted as it was parsed (:meth:`Read.admit_now`), until
+        # the first message's read, admitted as it was parsed (:meth:`ClientRead.admit_now`), until
         # its handler takes it (:func:`admitted`); ``start()`` is woken for it once it is
         # decided, so a parked read has no task, request or frame of aiohttp's meanwhile
-        self._early: Read | None = None
+        self._early: ClientRead | None = None
         self._early_message: RawRequestMessage | None = None
         self._early_ns: str | None = None  # its answer's OCI-Namespace (§3), if any
 
@@ -230,7 +231,7 @@ def admitted(request: web.Request) -> Early | None:
 
 
 # a read admitted as it was parsed, and its answer's OCI-Namespace (§3)
-Early = tuple[Read, str | None]
+Early = tuple[ClientRead, str | None]
 
 
 class _Messages(list[Any]):
@@ -263,10 +264,10 @@ class AsParsed:
         payload: object,
         transport: asyncio.BaseTransport,
         connection: RequestHandler,
-    ) -> bytes | tuple[Read, str | None, Waiter | bool] | None:
+    ) -> bytes | tuple[ClientRead, str | None, Waiter | bool] | None:
         """The bytes that answer ``message`` (a ``HEAD`` a kept answer serves); or its read,
-        its answer's ``OCI-Namespace`` and what admitting it now gave (:meth:`Read.admit_now`);
-        or None: aiohttp's way."""
+        its answer's ``OCI-Namespace`` and what admitting it now gave
+        (:meth:`ClientRead.admit_now`); or None: aiohttp's way."""
         method = message.method
         if (
             method not in ("HEAD", "GET")

@@ -37,7 +37,7 @@ FLUSH_POLL = 0.001  # seconds between looks at whether the headers have gone out
 _relaying: set[threading.Thread] = set()  # blobs being relayed in threads
 
 
-class Detached(Protocol):
+class DetachedBody(Protocol):
     """The rest of a body taken from the loop (what ``Opened.detach`` returns): ``arrived``,
     then ``remaining`` bytes in pieces of a ring of buffers (``upstream.detached``)."""
 
@@ -70,7 +70,7 @@ def client_socket(transport: asyncio.Transport | None) -> int | None:
 
 
 async def relay_in_thread(
-    transport: asyncio.Transport, client: int, body: Detached, hashing: Hasher, check: Content
+    transport: asyncio.Transport, client: int, body: DetachedBody, hashing: Hasher, check: Content
 ) -> bool:
     """Relay ``body`` to the client's socket ``client`` (its descriptor; ``transport`` is its
     connection's) in a thread of its own (:func:`_pump`), not the executor's: a blob holds it
@@ -128,7 +128,7 @@ async def _ended(finished: asyncio.Future[bool | BaseException]) -> None:
             await asyncio.shield(finished)
 
 
-def _pump(body: Detached, sink: ThreadSocket, hashing: Hasher, check: Content) -> bool:
+def _pump(body: DetachedBody, sink: ThreadSocket, hashing: Hasher, check: Content) -> bool:
     """``body`` to ``sink``: what had arrived, then the rest; the last piece is sent only once
     the whole is known to hash to ``check`` (whether it did)."""
     hashing.update(body.arrived)
@@ -142,7 +142,7 @@ def _pump(body: Detached, sink: ThreadSocket, hashing: Hasher, check: Content) -
     return True
 
 
-def _ring(body: Detached, sink: ThreadSocket, hashing: Hasher) -> memoryview:
+def _ring(body: DetachedBody, sink: ThreadSocket, hashing: Hasher) -> memoryview:
     """Every piece of ``body`` hashed, and sent but the last one, which is returned hashed.
 
     A second thread hashes the pieces while this one sends them (hashing in turn with the reads

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-import kuikproxy.inject.server
+import kuikproxy.inject.webhook
 from kuikproxy.cli import main
 from kuikproxy.inject.patch import SidecarSettings
-from kuikproxy.inject.server import WebhookSettings
+from kuikproxy.inject.webhook import WebhookSettings
 from tests.certs import Authority
 from tests.inject.pods import REVIEW
 
@@ -32,7 +32,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[WebhookSettings]:
     for variable in ENVIRONMENT:
         monkeypatch.delenv(variable, raising=False)
     calls: list[WebhookSettings] = []
-    monkeypatch.setattr(kuikproxy.inject.server, "run", calls.append)
+    monkeypatch.setattr(kuikproxy.inject.webhook, "run", calls.append)
     return calls
 
 

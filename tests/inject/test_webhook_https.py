@@ -20,7 +20,7 @@ from cryptography import x509
 
 from kuikproxy.errors import ConfigError
 from kuikproxy.inject.patch import NO_PROXY
-from kuikproxy.inject.server import MAX_REVIEW_BYTES, ServingCertificate, build_app
+from kuikproxy.inject.webhook import MAX_REVIEW_BYTES, ServingCertificate, build_app
 from tests.certs import Authority, replace, stray_key
 from tests.inject.jsonpatch import apply
 from tests.inject.pods import SETTINGS, kuik_review

@@ -1,4 +1,4 @@
-"""A parked read is awaited as :class:`~kuikproxy.runtime.read._Held`, in no frame of its own:
+"""A parked read is awaited as :class:`~kuikproxy.runtime.clientread._Held`, in no frame of its own:
 however its wait ends, its waiter is unparked once, as the read's coroutine did it (P11)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from kuikproxy.core.images import Image
+from kuikproxy.runtime.clientread import _Held
 from kuikproxy.runtime.messages import Answer, Reply
 from kuikproxy.runtime.proofs import Proofs
-from kuikproxy.runtime.read import _Held
 
 
 class Parking:

@@ -6,7 +6,7 @@ from typing import cast
 
 from kuikproxy.core.images import Image
 from kuikproxy.core.tickets import Operation
-from kuikproxy.runtime.flow import FlowGate
+from kuikproxy.runtime.flowgate import FlowGate
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.messages import Answer, RegistryRequest
 

@@ -13,7 +13,7 @@ import pytest
 from kuikproxy.core.ringstate import EntryState, RingChanges, RingHeader, RingState
 from kuikproxy.errors import StateError
 from kuikproxy.state import Batch, StateStore, ThreadedStore
-from kuikproxy.state import store as store_module
+from kuikproxy.state import statefile as store_module
 from kuikproxy.state.schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
 
 WALL = 1_800_000_000.0  # a wall-clock time

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from kuikproxy.runtime.read import _not_idle
+from kuikproxy.runtime.clientread import _not_idle
 from kuikproxy.web.keys import PACER
 from tests.conftest import ProxyFactory, head
 

@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient
 from kuikproxy.config import LimitsSettings
 from kuikproxy.core.tickets import Operation
 from kuikproxy.observe import metrics
-from kuikproxy.observe.keys import OBSERVED
+from kuikproxy.observe.observed import OBSERVED
 from kuikproxy.runtime.host import Host
 from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.web.keys import PACER

@@ -1,5 +1,5 @@
-"""Reads parked as aiohttp parses them (``web/fastpath.py``, ``Read.admit_now``): a request that
-waits for its window has no handler, task or request object until its window comes, then is
+"""Reads parked as aiohttp parses them (``web/fastpath.py``, ``ClientRead.admit_now``): a request
+that waits for its window has no handler, task or request object until its window comes, then is
 answered by the handler as if it had been held there; its client leaving, or asking more on the
 same connection meanwhile, changes nothing of what it gets or of the order of the answers."""
 
@@ -13,7 +13,7 @@ from types import FrameType
 import pytest
 from aiohttp.test_utils import TestClient
 
-from kuikproxy.runtime.read import Read
+from kuikproxy.runtime.clientread import ClientRead
 from kuikproxy.web import fastpath
 from kuikproxy.web.keys import PACER
 from tests.conftest import HOST, ProxyFactory, head
@@ -223,7 +223,7 @@ async def test_a_refusal_made_as_a_request_is_parsed_leaves_no_garbage_cycle(
             assert result.first.status == 503  # maxResources
         await asyncio.sleep(0.01)
         gc.collect()
-        ours = [o for o in gc.garbage if isinstance(o, (BaseException, Read, FrameType))]
+        ours = [o for o in gc.garbage if isinstance(o, (BaseException, ClientRead, FrameType))]
     finally:
         gc.set_debug(0)
         gc.garbage.clear()

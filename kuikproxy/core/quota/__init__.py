@@ -56,7 +56,7 @@ from kuikproxy.core.quota.buckets import (
     take_shared,
 )
 from kuikproxy.core.quota.categories import Category, Route, Scope, categories_of
-from kuikproxy.core.quota.host import HostQuota, QuotaSnapshot
+from kuikproxy.core.quota.hostquota import HostQuota, QuotaSnapshot
 from kuikproxy.core.quota.identity import ANONYMOUS, OWN, identity_of
 from kuikproxy.core.quota.presets import PRESETS, preset
 from kuikproxy.core.quota.throttle import (

@@ -43,7 +43,7 @@ PREFETCH_ACCEPT = (
 )
 
 
-class Reader:
+class WindowReader:
     """One host's window reads."""
 
     __slots__ = ("budget", "fleet", "name", "parking", "scheduler", "services", "settings")

@@ -34,14 +34,14 @@ from kuikproxy.runtime.messages import Answer, Body, Go, Opened, RegistryRequest
 from kuikproxy.runtime.parking import Waiter
 from kuikproxy.runtime.proofs import Proofs
 from kuikproxy.runtime.pullthrough import PullThrough, stored_by_digest
-from kuikproxy.runtime.reads import whole
+from kuikproxy.runtime.windowreads import whole
 
 if TYPE_CHECKING:  # the pacer makes reads; a read only calls it back
     from kuikproxy.runtime.host import Admitted
     from kuikproxy.runtime.pacer import Pacer
 
 
-class Read:
+class ClientRead:
     """One read, from admission to its end: a whole answer, or the registry's answer to stream,
     open inside the block; a copy's request ends with it (P9).
 
@@ -426,11 +426,11 @@ class _Held(Generator[Any, None, Reply]):
     request pays for every frame it sits in): ``await`` drives it as it would the future, and
     what a read's coroutine would do around its wait is done here — the waiter unparked however
     the wait ends (P11), the wait told to ``Pacer.waits``, a read released to go upstream
-    continued in :meth:`Read._upstream`."""
+    continued in :meth:`ClientRead._upstream`."""
 
     __slots__ = ("_read", "_then", "_wait", "_waiter")
 
-    def __init__(self, read: Read, waiter: Waiter) -> None:
+    def __init__(self, read: ClientRead, waiter: Waiter) -> None:
         self._read = read
         self._waiter: Waiter | None = waiter  # None once unparked
         self._wait = waiter.future.__await__()  # yields the future while it is pending

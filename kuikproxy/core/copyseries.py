@@ -3,12 +3,12 @@
 A manifest read by tag opens a copy of its own; the requests that follow it join the open copy
 while it lasts, and its content stays reachable to its members for ``copy.followUp`` after
 (P9). Resources take turns at copy windows over their queues in arrival order
-(:mod:`kuikproxy.core.copies`).
+(:mod:`kuikproxy.core.copyqueues`).
 """
 
 from __future__ import annotations
 
-from kuikproxy.core.copies import CopyQueue, OpenCopy
+from kuikproxy.core.copyqueues import CopyQueue, OpenCopy
 from kuikproxy.core.hoststate import HostState, turns
 from kuikproxy.core.images import Image
 from kuikproxy.core.tickets import Admission, Hold, Operation, Pass, Read, Ticket, WindowResult
