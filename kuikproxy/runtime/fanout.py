@@ -21,7 +21,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, suppress
 
 from kuikproxy.core.digests import Content, Hasher, algorithm_of, hasher
 from kuikproxy.errors import KuikProxyError, UpstreamError
@@ -30,6 +30,9 @@ from kuikproxy.runtime.messages import KEPT_HEADERS, Headers, Opened
 log = logging.getLogger(__name__)
 
 WINDOW = 16 * 1024 * 1024  # bytes of a blob held for its clients at once
+# seconds a client may hold the others back, a whole window behind them, before it is overtaken:
+# a fast client that stalls a moment (scheduling, a TCP window) catches up well within it
+OVERTAKE_AFTER = 0.5
 
 # a client's own read of the rest of a blob from an offset: the registry's answer, open inside
 Resume = Callable[[int], AbstractAsyncContextManager[Opened]]
@@ -48,7 +51,7 @@ class FanOut:
 
     __slots__ = (
         "_arrived", "_chunks", "_content", "_ended", "_expected", "_failure", "_followers", "_held",
-        "_moved", "_opened", "_popped", "_stack", "headers", "owner", "size", "verified",
+        "_moved", "_opened", "_over", "_popped", "_stack", "headers", "owner", "size", "verified",
     )  # fmt: skip
 
     def __init__(
@@ -82,12 +85,18 @@ class FanOut:
         self._moved = asyncio.Event()  # the read waits on it: a follower moved, or left
         self._failure: UpstreamError | None = None
         self.verified = False  # the whole arrived and hashed to its digest
+        self._over = False  # the registry's read ended: the window only drains from now on
 
     @property
     def joinable(self) -> bool:
         """Whether a client may still follow it from its first byte."""
         awaited = self._followers or self._expected > 0
         return self._popped == 0 and self._failure is None and bool(awaited)
+
+    @property
+    def held(self) -> int:
+        """Bytes of the blob it holds in memory now (at most :data:`WINDOW` and a chunk)."""
+        return self._held
 
     def expect(self) -> None:
         """One more client chose to follow it: it waits for that one to take its place."""
@@ -96,6 +105,7 @@ class FanOut:
     def unexpect(self) -> None:
         """A client that chose to follow it will not (it left, or it may not have it)."""
         self._expected = max(0, self._expected - 1)
+        self._drained()
 
     def follower(self, resume: Resume | None) -> Follower:
         """An expected client's place, from the blob's first byte."""
@@ -107,6 +117,14 @@ class FanOut:
     def left(self, follower: Follower) -> None:
         if self._followers.pop(follower, 0) is None:
             self._moved.set()  # the read may have waited for it
+            self._drained()
+
+    def _drained(self) -> None:
+        """Once the read is over and nobody is left to take its bytes, they go at once — not
+        when the collector gets to the cycles a fan-out sits in (flight, followers, frames)."""
+        if self._over and not self._followers and not self._expected:
+            self._chunks.clear()
+            self._held = 0
 
     def _wake(self) -> None:
         """Wake every follower waiting for bytes now; the next ones wait anew."""
@@ -141,21 +159,35 @@ class FanOut:
         finally:
             if not self.verified and self._failure is None:
                 self._fail(None)  # everyone left
-            self._ended(self)
+            self._over = True
+            ended, self._ended = self._ended, _nobody  # told once; and no cycle through it
+            ended(self)
+            self._drained()
             await self._stack.aclose()
 
     async def _room(self, coming: int) -> None:
         """Drop the window's oldest bytes to make room for ``coming`` more: those no client
-        still needs at once; those a client needs, by overtaking that client when another one
-        waits for the new bytes, else by waiting for the clients (the registry is faster)."""
+        still needs at once; those a client needs, by overtaking that client once it has held
+        another one back for :data:`OVERTAKE_AFTER`, else by waiting for the clients (the
+        registry is faster)."""
+        loop = asyncio.get_running_loop()
         while self._chunks and self._held + coming > WINDOW:
             oldest, before = self._chunks[0]
             behind = [f for f in self._followers if f.index == self._popped]
             if behind:
                 head = self._popped + len(self._chunks) - 1  # the last chunk is held back
+                now = loop.time()
                 if not any(f.index >= head for f in self._followers):
-                    self._moved.clear()
-                    await self._moved.wait()  # nobody waits for more: go at their pace
+                    for follower in behind:
+                        follower.lagging_since = None  # it holds nobody back
+                    await self._until_moved(None)  # nobody waits for more: go at their pace
+                    continue
+                for follower in behind:
+                    if follower.lagging_since is None:
+                        follower.lagging_since = now
+                since = min(f.lagging_since or now for f in behind)
+                if now - since < OVERTAKE_AFTER:
+                    await self._until_moved(since + OVERTAKE_AFTER - now)
                     continue
                 for follower in behind:  # each reads on from there alone, hashing on
                     follower.overtaken = Overtaken(follower.offset, before.copy())
@@ -164,6 +196,13 @@ class FanOut:
             self._popped += 1
             self._held -= len(oldest)
             self._wake()
+
+    async def _until_moved(self, timeout: float | None) -> None:
+        """Until a client moves or leaves (or ``timeout`` seconds pass)."""
+        self._moved.clear()
+        with suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._moved.wait()
 
     def _fail(self, error: UpstreamError | None) -> None:
         self._failure = error or UpstreamError(f"the read of {self._content.digest} broke off")
@@ -182,6 +221,8 @@ class FanOut:
             if at < count - 1 or (at < count and self.verified):
                 chunk = self._chunks[at][0]
                 follower.index += 1
+                if follower.lagging_since is not None and at >= count // 2:
+                    follower.lagging_since = None  # it caught up: a stall, not a slow link
                 if at == 0:
                     self._moved.set()  # the read may wait for the oldest chunk to be taken
                 return chunk
@@ -194,7 +235,7 @@ class FanOut:
 class Follower:
     """One client's place in a :class:`FanOut`: it takes the blob's bytes in order."""
 
-    __slots__ = ("_fan", "_resume", "index", "offset", "overtaken")
+    __slots__ = ("_fan", "_resume", "index", "lagging_since", "offset", "overtaken")
 
     def __init__(self, fan: FanOut, resume: Resume | None) -> None:
         self._fan = fan
@@ -202,6 +243,8 @@ class Follower:
         self.index = 0  # the next chunk it takes, counted from the blob's first
         self.offset = 0  # bytes it took
         self.overtaken: Overtaken | None = None
+        # loop time since when it has held the others back, a window behind them (None: not)
+        self.lagging_since: float | None = None
 
     @property
     def size(self) -> int:
@@ -263,6 +306,10 @@ class Follower:
             raise UpstreamError(f"the rest of {content.digest} was not its content")
         if held:
             yield held
+
+
+def _nobody(fan: FanOut) -> None:
+    """Told nothing: a fan-out's end, once it was told."""
 
 
 def _starts_at(opened: Opened, offset: int) -> bool:

@@ -206,3 +206,37 @@ async def test_clients_that_chose_to_follow_get_a_blob_its_reader_already_took_w
     assert await take(fan.follower(None)) == body
     fan.unexpect()  # the other one's client left
     assert not fan.joinable
+
+
+async def test_a_follower_that_stalls_a_moment_is_not_overtaken(small_window: int) -> None:
+    """A fast client that stops reading for less than ``OVERTAKE_AFTER`` (a scheduling hiccup,
+    a full TCP window) holds the others back that long and catches up: no Range read of its
+    own, which would cost the registry the rest of the blob again."""
+    body = blob(64 * CHUNK)
+    fan, _ = fan_of(body, pause=0.001)
+    ranges = Ranges(body)
+    fast = [fan.follower(ranges) for _ in range(3)]
+    stalling = fan.follower(ranges)
+
+    async def stall() -> bytes:
+        got = bytearray()
+        async for piece in stalling.pieces():
+            got += piece
+            if len(got) == 16 * CHUNK:
+                await asyncio.sleep(0.25)  # less than OVERTAKE_AFTER
+        return bytes(got)
+
+    run = asyncio.create_task(fan.run())
+    assert await asyncio.gather(*(take(f) for f in fast), stall()) == [body] * 4
+    await run
+    assert ranges.offsets == []
+
+
+async def test_a_read_over_lets_its_window_go_once_its_last_follower_left() -> None:
+    body = blob(8 * CHUNK)
+    fan, _ = fan_of(body)
+    follower = fan.follower(None)
+    run = asyncio.create_task(fan.run())
+    assert await take(follower) == body
+    await run
+    assert fan.held == 0
