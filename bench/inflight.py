@@ -1,6 +1,6 @@
-"""Ten clients of one blob read in flight, without the pull-through store, one of them slow
-(issue 23, acceptance 4): kuikproxy's memory while they trail one registry read, and whether
-the slow one holds the others back. Everything on 127.0.0.1.
+"""Ten clients of one blob read in flight, without the pull-through store, one of them slow:
+kuikproxy's memory while they trail one registry read, and whether the slow one holds the
+others back. Everything on 127.0.0.1.
 
 Without ``cache.blobs`` a blob GET that others follow is given from memory
 (``kuikproxy/runtime/fanout.py``): a window of at most ``WINDOW`` (16 MiB) that every client
