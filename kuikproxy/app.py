@@ -1,9 +1,11 @@
 """The composition root: the application assembled from its parts, and their lifecycle.
 
 Nothing else builds objects of more than one layer: the web edge gets the runtime through
-the application's keys (:mod:`kuikproxy.web.keys`), the runtime gets the registries, and the
-registries tell the runtime and the metrics what the registries answered — wired here, so no
-lower layer calls back into a higher one.
+the application's keys (:mod:`kuikproxy.web.keys`), what observes it gets its own
+(:mod:`kuikproxy.observe.observed`), the runtime gets the registry client, whose answers it
+reads (:mod:`kuikproxy.runtime.egress`), and the forward proxy's refusals, which it counts. The
+runtime still tells its observers of waits, windows and forgotten hosts through the callbacks
+registered here (the metrics' wait histogram, the window log).
 """
 
 from __future__ import annotations
@@ -53,11 +55,7 @@ def build_app(
         from kuikproxy.forward.authority import Authority
 
         authority = Authority(forward.ca.cert_file, forward.ca.key_file)
-        app[FORWARDING] = Forwarding(
-            lambda: current.config,
-            authority,
-            refused=lambda error: app[PACER].refused_now(None, error),
-        )
+        app[FORWARDING] = Forwarding(lambda: current.config, authority)
     lifecycle = _Lifecycle(config, transport, config_path, fleet)
     app.on_startup.append(lifecycle.start)
     app.on_shutdown.append(lifecycle.stop)
@@ -88,19 +86,7 @@ class _Lifecycle:
     async def start(self, app: web.Application) -> None:
         loop, config = asyncio.get_running_loop(), self.config
 
-        # every registry answer, whoever asked (§11): the pacer learns blocks, the metrics count
-        def answered(
-            host: str, method: str, status: int | None, headers: tuple[tuple[str, str], ...]
-        ) -> None:
-            app[OBSERVED].metrics.upstream_answered(host, method, status, headers)
-            app[PACER].upstream_answered(host, method, status, headers)
-
-        async def before_token(host: str) -> None:
-            await app[PACER].spend_oauth(host)
-
-        registries = Registries(
-            config, self.upstream, loop.time, self.guard, answered, before_token=before_token
-        )
+        registries = Registries(config, self.upstream, loop.time, self.guard)
         # P13: a state file that cannot be used stops the start, before anything is paced
         durable = None if config.state.path is None else await Durable.open(config.state.path)
         fleet = self.fleet
@@ -115,6 +101,9 @@ class _Lifecycle:
         pacer = app[PACER] = Pacer(config, registries, durable=durable, fleet=fleet, store=store)
         if pacer.cache is not None:
             pacer.cache.restore(pacer.kept)
+        forwarding = app[FORWARDING]
+        if forwarding is not None:  # the front's refusals are counted with the runtime's
+            pacer.refused_also.append(forwarding.refused)
         if durable is not None:
             await durable.restore(pacer)
         metrics = Metrics(

@@ -28,6 +28,7 @@ boundary where they occur (``kuikproxy.upstream``), so the web edge renders one 
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, ClassVar
 
@@ -170,3 +171,34 @@ class ContentMismatch(UpstreamError):
 
     status = 502
     code = "UNAVAILABLE"
+
+
+WARN_EVERY = 60.0
+"""Seconds between two warnings of one refusal log's reason."""
+
+_log = logging.getLogger("kuikproxy.runtime.refusals")  # where operators look for refusals
+
+
+class RefusalLog:
+    """Refusals of kuikproxy's own (§12), counted by reason and logged at ``warning`` at most
+    once a minute per reason: of one host, or (``host`` None) of requests no host answers for."""
+
+    __slots__ = ("_logged", "counts", "host")
+
+    def __init__(self, host: str | None) -> None:
+        self.host = host
+        self.counts: dict[str, int] = {}
+        self._logged: dict[str, float] = {}
+
+    def count(self, reason: str, error: RegistryError, now: float) -> RegistryError:
+        """Count a refusal (``now`` on the caller's monotonic clock) and return its error."""
+        error.refusal = reason
+        total = self.counts[reason] = self.counts.get(reason, 0) + 1
+        last = self._logged.get(reason)
+        if last is None or now - last >= WARN_EVERY:
+            self._logged[reason] = now
+            _log.warning(
+                "%s refused (%s, %d so far): %s",
+                self.host or "a request", reason, total, error.message,
+            )  # fmt: skip
+        return error

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from kuikproxy.config import Config, validate_host
-from kuikproxy.errors import Denied, RegistryError
+from kuikproxy.errors import Denied, RefusalLog
 
 if TYPE_CHECKING:  # cryptography is loaded only where certificates are minted
     from kuikproxy.forward.authority import Authority
@@ -103,12 +103,12 @@ class Forwarding:
         self,
         config: Callable[[], Config],
         authority: Authority,
-        refused: Callable[[RegistryError], None] = lambda error: None,
     ) -> None:
         self.server: web.Server | None = None
         self.config = config
         self.authority = authority
-        self.refused = refused  # counts a refusal of kuikproxy's own (SPEC §12)
+        # its refusals of kuikproxy's own (§12), which the runtime's counts read with its own
+        self.refused = RefusalLog(None)
         self.tunnels: weakref.WeakKeyDictionary[asyncio.BaseTransport, Tunnel] = (
             weakref.WeakKeyDictionary()
         )
@@ -223,7 +223,7 @@ class Front(asyncio.Protocol):
             self.spawn(self.intercept(tunnel, server_name(target)))
         else:
             denied = Denied(f"kuikproxy may not contact {host}", refusal="notAllowed")
-            self.forwarding.refused(denied)
+            self.forwarding.refused.count("notAllowed", denied, asyncio.get_running_loop().time())
             self.answer(403, "Forbidden", denied.message, code=denied.code)
 
     def spawn(self, coroutine: object) -> None:

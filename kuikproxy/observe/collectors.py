@@ -20,13 +20,13 @@ from prometheus_client.utils import floatToGoString
 
 from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.quota import BucketView, QuotaSnapshot
+from kuikproxy.runtime.egress import NO_HOST
 from kuikproxy.runtime.fleet import FleetView
 from kuikproxy.runtime.snapshot import ReadStats, RingStat, Snapshot, StoreStats
 
 Scraped = Callable[[], Snapshot]
 """The snapshot of the scrape under way."""
 
-NO_HOST = "-"
 """The ``registry`` label of what no host's state answers for: a host refused under
 ``limits.maxHosts``, or not allowed at all (one series, however many names clients send)."""
 
@@ -286,7 +286,8 @@ class FleetCollector(_Scraping):
 
 
 class ReadCollector(_Scraping):
-    """Reads by kind: those served by another's read (R2), those sent to the registries."""
+    """Reads by kind: those served by another's read (R2), those sent to the registries; and
+    every request sent, by registry, method and status."""
 
     def describe(self) -> list[Metric]:
         return self._families(None)
@@ -308,12 +309,19 @@ class ReadCollector(_Scraping):
             "referrers, tags): what a registry's own access log counts.",
             labels=["kind"],
         )
+        upstream = CounterMetricFamily(
+            "kuik_registry_upstream_requests",
+            "Requests kuikproxy sent to registries, by their answer's status (or error).",
+            labels=["registry", "method", "code"],
+        )
         if reads is not None:
             for kind, count in reads.shared.items():
                 shared.add_metric([kind], count)
             for kind, count in reads.registry.items():
                 registry.add_metric([kind], count)
-        return [shared, registry]
+            for labels, count in reads.sent.items():
+                upstream.add_metric(list(labels), count)
+        return [shared, registry, upstream]
 
 
 class StoreCollector(_Scraping):

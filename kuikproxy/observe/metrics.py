@@ -3,7 +3,7 @@
 Two kinds. The pacing state — ring sizes, laps, intervals, window outcomes, waiting requests,
 blocks, priority levels, quota buckets, refusals — is read at scrape time from one
 :class:`~kuikproxy.runtime.snapshot.Snapshot`, never kept twice (the collectors of
-:mod:`kuikproxy.observe.collectors`). Events — requests answered, upstream requests, waits — are
+:mod:`kuikproxy.observe.collectors`). Events — requests answered, waits — are
 counted as they happen (:class:`Metrics`).
 
 Three names are the pacing document's own, so its health query works unchanged::
@@ -33,7 +33,6 @@ from prometheus_client import (
 )
 
 from kuikproxy.observe.collectors import (
-    NO_HOST,
     FleetCollector,
     FlowControlCollector,
     PacingCollector,
@@ -43,6 +42,7 @@ from kuikproxy.observe.collectors import (
     StoreCollector,
     ring_families,
 )
+from kuikproxy.runtime.egress import NO_HOST
 from kuikproxy.runtime.snapshot import Snapshot
 
 # waits range from a kept answer (none) through a window (seconds to minutes) to a lap (hours)
@@ -95,7 +95,6 @@ class Metrics:
         )
         # children by registry label, then the other labels: a host's go with it at once
         self._answered: dict[str, dict[tuple[str, ...], Counter]] = {}
-        self._sent: dict[str, dict[tuple[str, ...], Counter]] = {}  # upstream requests'
         self.wait = Histogram(
             "kuik_proxy_wait_seconds",
             "How long requests were held before their window released them.",
@@ -112,12 +111,6 @@ class Metrics:
         )
         for result in ("success", "error"):  # both series exist from the start, at 0
             self.reloads.labels(result)
-        self.upstream = Counter(
-            "kuik_registry_upstream_requests",
-            "Requests kuikproxy sent to registries, by their answer's status (or error).",
-            ["registry", "method", "code"],
-            registry=self.registry,
-        )
 
     def answered(self, host: str, operation: str, code: str, cache: str) -> None:
         """One request answered."""
@@ -126,12 +119,6 @@ class Metrics:
     def reloaded(self, result: str) -> None:
         """A config reload's ``result``: ``success`` or ``error`` (§7.2)."""
         self.reloads.labels(result).inc()
-
-    def upstream_answered(
-        self, host: str, method: str, status: int | None, headers: tuple[tuple[str, str], ...]
-    ) -> None:
-        key = (method, "error" if status is None else str(status))
-        self._child(self._sent, self.upstream, host, key).inc()
 
     def _child(
         self,
@@ -162,8 +149,6 @@ class Metrics:
         a new host under a wildcard every day would grow a series for each for ever."""
         for answered in self._answered.pop(host, {}):
             self.requests.remove(host, *answered)
-        for sent in self._sent.pop(host, {}):
-            self.upstream.remove(host, *sent)
         for operation in ("Check", "Copy"):
             self.wait.remove(host, operation)
 

@@ -14,7 +14,7 @@ from kuikproxy.core.rings import SLOW_LAP, lap_ratio
 from kuikproxy.core.tickets import Operation
 from kuikproxy.core.views import HostView, SeriesView
 from kuikproxy.durations import format_duration, human_span
-from kuikproxy.observe.collectors import NO_HOST
+from kuikproxy.runtime.egress import NO_HOST
 from kuikproxy.runtime.snapshot import Snapshot
 
 OUTCOMES = ("used", "idle", "busy", "blocked", "fleet")

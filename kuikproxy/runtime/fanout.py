@@ -108,10 +108,11 @@ class FanOut:
         self._drained()
 
     def follower(self, resume: Resume | None) -> Follower:
-        """An expected client's place, from the blob's first byte."""
-        self.unexpect()
+        """An expected client's place, from the blob's first byte (in its place before it is
+        expected no more: the window must not be let go of in between)."""
         follower = Follower(self, resume)
         self._followers[follower] = None
+        self._expected = max(0, self._expected - 1)
         return follower
 
     def left(self, follower: Follower) -> None:

@@ -18,7 +18,7 @@ from kuikproxy.core.ringstate import RingState
 from kuikproxy.core.scheduler import HostScheduler
 from kuikproxy.core.tickets import Operation
 from kuikproxy.core.views import HostView
-from kuikproxy.errors import Denied, RegistryError
+from kuikproxy.errors import Denied, RefusalLog, RegistryError
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.host import Host
 from kuikproxy.runtime.refusals import Refusals
@@ -49,6 +49,8 @@ class Hosts:
         # told the name of each host whose state is let go of (forgotten, or no longer paced)
         self.forgetters: list[Callable[[str], None]] = []
         self.refused = Refusals(None)  # refusals no host's state answers for (maxHosts)
+        # others' refusals of no host's, counted with those (the forward proxy's front)
+        self.refused_also: list[RefusalLog] = []
         self._hosts: dict[str, Host] = {}
         self._extra: set[str] = set()  # hosts with state not in registries (maxHosts)
         config = self.services.config
@@ -117,6 +119,7 @@ class Hosts:
         forgetters hear of it."""
         host.scheduler.forget()
         self.sweeps.drop(name)
+        self.services.egress.forget(name)
         for forgotten in self.forgetters:
             forgotten(name)
 

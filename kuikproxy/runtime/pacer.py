@@ -30,6 +30,7 @@ from kuikproxy.errors import Unavailable, UpstreamTimeout
 from kuikproxy.fleet.backend import FleetBackend
 from kuikproxy.runtime.clientread import ClientRead
 from kuikproxy.runtime.durable import Durable
+from kuikproxy.runtime.egress import Egress
 from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.flights import Flights
 from kuikproxy.runtime.flowgate import FlowGate
@@ -49,7 +50,6 @@ from kuikproxy.runtime.proofs import Proofs
 from kuikproxy.runtime.pullthrough import PullThrough
 from kuikproxy.runtime.services import Services
 from kuikproxy.runtime.sweeps import Sweeps
-from kuikproxy.runtime.windowreads import send
 from kuikproxy.upstream.client import UpstreamRequest
 from kuikproxy.upstream.registries import Registries
 
@@ -80,6 +80,12 @@ class Pacer(Hosts):
             loop=loop,
             config=config,
             registries=registries,
+            egress=Egress(
+                registries,
+                heard=self.upstream_answered,
+                known=self.known,
+                oauth=self.spend_oauth,
+            ),
             flow=FlowGate(config.flow_control, loop),
             kept=KeptAnswers(config.cache.max_entries, config.cache.max_bytes),
             # every host's resources and ring images, counted against the limits
@@ -100,7 +106,7 @@ class Pacer(Hosts):
         # the pull-through store (§15), if one is configured
         self.cache = None if store is None else PullThrough(store, self.proofs, s.spawn)
         s.cache = self.cache
-        self.pings = Pings(registries, loop.time)
+        self.pings = Pings(s.egress, loop.time)
         self.closed = False
         self._keep_hosts()
 
@@ -144,7 +150,8 @@ class Pacer(Hosts):
     ) -> AbstractAsyncContextManager[Opened]:
         """The registry request for a read, built once it may go (not while it waits)."""
         upstream = request.upstream(self.registries.base(request.host), timeout)
-        return send(self.registries, request.host, upstream, content=content_of(request.image))
+        egress = self.services.egress
+        return egress.send(request.host, upstream, content=content_of(request.image))
 
     def fleet_of(self, host: str) -> FleetLink | None:
         """The fleet ``host`` is paced and shared with, if it is (``fleet: shared``)."""
@@ -221,7 +228,7 @@ class Pacer(Hosts):
         base = self.registries.base(host)
         url = base.with_path(path, encoded=True).with_query(query)
         upstream = UpstreamRequest(method, url, headers, None, body=body)
-        async with send(self.registries, host, upstream) as opened:
+        async with self.services.egress.send(host, upstream) as opened:
             opened.relocated = relocate(base)
             yield opened
 

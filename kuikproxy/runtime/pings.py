@@ -15,10 +15,9 @@ from collections.abc import Callable
 
 from kuikproxy.core.reuse import owners_serving, shared_with
 from kuikproxy.errors import UpstreamUnreachable
+from kuikproxy.runtime.egress import Egress
 from kuikproxy.runtime.messages import Answer, Headers
-from kuikproxy.runtime.windowreads import send
 from kuikproxy.upstream.client import UpstreamRequest
-from kuikproxy.upstream.registries import Registries
 
 PING_TTL = 60.0  # §4.1
 MAX_PINGS = 4096
@@ -64,8 +63,8 @@ class KeptPings:
 class Pings:
     """``/v2/``: unpaced, the registry's answer (200, or 401 and its challenge) kept a minute."""
 
-    def __init__(self, registries: Registries, clock: Callable[[], float]) -> None:
-        self.registries = registries
+    def __init__(self, egress: Egress, clock: Callable[[], float]) -> None:
+        self.egress = egress
         self.clock = clock
         self.kept = KeptPings()
 
@@ -76,7 +75,7 @@ class Pings:
         kept or read now. kuikproxy signs in for clients only where it holds credentials;
         elsewhere clients must see the registry's challenge to sign in themselves
         (docs/decisions.md). A registry that fails (5xx) is unreachable, not an answer."""
-        registries, now = self.registries, self.clock()
+        registries, now = self.egress.registries, self.clock()
         signed = registries.has_credentials(host)
         signer = registries.signer(host) if signed else None
         kept = self.kept.find(host, auth, signer, now)
@@ -84,7 +83,7 @@ class Pings:
             return kept
         url = registries.base(host).with_path("/v2/")
         upstream = UpstreamRequest("GET", url, sent, timeout)
-        async with send(registries, host, upstream, authenticate=signed) as answered:
+        async with self.egress.send(host, upstream, authenticate=signed) as answered:
             headers = tuple(answered.headers.items())
             body = await answered.read(MAX_PING_BODY)
         if answered.status >= 500:

@@ -19,15 +19,8 @@ request, which no client should wait for.
 
 from __future__ import annotations
 
-import logging
-
 from kuikproxy.core.limits import Limit, Limits
-from kuikproxy.errors import RegistryError, Unavailable
-
-log = logging.getLogger(__name__)
-
-WARN_EVERY = 60.0
-"""Seconds between two warnings of one host and reason."""
+from kuikproxy.errors import RefusalLog, RegistryError, Unavailable
 
 _WHAT = {
     Limit.HOSTS: "hosts under allowedHosts' wildcards",
@@ -43,29 +36,11 @@ _NEW = {
 }
 
 
-class Refusals:
+class Refusals(RefusalLog):
     """The refusals of one host, or of the requests no host's state answers for (``host``
-    None): counts by reason, and when each reason was last logged."""
+    None), and the limits' own."""
 
-    __slots__ = ("_logged", "counts", "host")
-
-    def __init__(self, host: str | None) -> None:
-        self.host = host
-        self.counts: dict[str, int] = {}
-        self._logged: dict[str, float] = {}
-
-    def count(self, reason: str, error: RegistryError, now: float) -> RegistryError:
-        """Count a refusal (``now`` on the loop's clock) and return its error, to raise."""
-        error.refusal = reason
-        total = self.counts[reason] = self.counts.get(reason, 0) + 1
-        last = self._logged.get(reason)
-        if last is None or now - last >= WARN_EVERY:
-            self._logged[reason] = now
-            log.warning(
-                "%s refused (%s, %d so far): %s",
-                self.host or "a request", reason, total, error.message,
-            )  # fmt: skip
-        return error
+    __slots__ = ()
 
     def refusal(self, limit: Limit, limits: Limits, now: float, host: str) -> RegistryError:
         """Count the refusal of a request to ``host`` that would pass ``limit``, and return

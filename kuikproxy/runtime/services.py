@@ -1,9 +1,9 @@
 """What every host's runtime shares, handed to it by the pacer rather than reached for.
 
 A host's parts (:mod:`~kuikproxy.runtime.host` and what it is made of) see the process through
-this one object: the loop, the config and flow control in force, the registries, the kept
-answers, the census, the sweeps, the state file, the fleet and the window observers — nothing
-of the pacer itself.
+this one object: the loop, the config and flow control in force, the registries and the way
+out to them, the kept answers, the census, the sweeps, the state file, the fleet and the
+window observers — nothing of the pacer itself.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from kuikproxy.config import Config
 from kuikproxy.core.limits import Census
 from kuikproxy.core.tickets import Operation, WindowResult
 from kuikproxy.runtime.durable import Durable
+from kuikproxy.runtime.egress import Egress
 from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.flights import Flights
 from kuikproxy.runtime.flowgate import FlowGate
@@ -36,6 +37,7 @@ class Services:
     loop: asyncio.AbstractEventLoop
     config: Config  # the config in force: a reload swaps it (P12)
     registries: Registries
+    egress: Egress  # the one way a request leaves for a registry
     flow: FlowGate  # the flow control in force (§10): a reload may swap it
     kept: KeptAnswers
     census: Census

@@ -58,6 +58,8 @@ class ReadStats:
 
     shared: dict[str, int]
     registry: dict[str, int]
+    # requests sent, by (registry label, method, status or "error"): redirects and realms too
+    sent: dict[tuple[str, str, str], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,14 +126,27 @@ def snapshot(
         server_concurrency_limit=pacer.flow.settings.server_concurrency_limit,
         fleet=None if fleet is None else fleet.view(),
         refused=pacer.refusals(),
-        refused_elsewhere=dict(pacer.refused.counts),
+        refused_elsewhere=_elsewhere(pacer),
         kept=KeptStats(len(kept), kept.bytes, kept.hits, kept.misses),
         store=_store(pacer),
-        reads=ReadStats(dict(pacer.flights.shared), dict(pacer.registries.reads)),
+        reads=ReadStats(
+            dict(pacer.flights.shared),
+            dict(pacer.registries.reads),
+            dict(pacer.services.egress.sent),
+        ),
         ring_stats=_ring_stats(pacer, ring_stats),
         progress=_progress(views, schedulers, progress),
         recent={} if log is None else _recent(log, views),
     )
+
+
+def _elsewhere(pacer: Pacer) -> dict[str, int]:
+    """The refusals no host's state answers for, the runtime's and the others' it reads."""
+    counts = dict(pacer.refused.counts)
+    for log in pacer.refused_also:
+        for reason, count in log.counts.items():
+            counts[reason] = counts.get(reason, 0) + count
+    return counts
 
 
 def _store(pacer: Pacer) -> StoreStats | None:

@@ -9,13 +9,10 @@ parked requests: answered whole, released to go themselves, or refused.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import replace
 from urllib.parse import parse_qsl
 
 from kuikproxy.config import RegistrySettings
-from kuikproxy.core.digests import Content
 from kuikproxy.core.images import BLOBS, MANIFESTS
 from kuikproxy.core.reuse import is_kept_status
 from kuikproxy.core.scheduler import HostScheduler
@@ -28,8 +25,6 @@ from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.messages import Answer, Go, Opened, RegistryRequest
 from kuikproxy.runtime.parking import Parking
 from kuikproxy.runtime.services import Services
-from kuikproxy.upstream.client import UpstreamRequest, end_to_end
-from kuikproxy.upstream.registries import Registries
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +117,7 @@ class WindowReader:
                 if isinstance(given, RegistryError):
                     raise given
                 return given
-        registries = self.services.registries
+        services = self.services
         flight = flights.take_off(request)
         outcome: Answer | RegistryError | None = None
         try:
@@ -130,8 +125,8 @@ class WindowReader:
                 request.image, request.method, request.authorization, request.flow
             )
             async with seat:
-                upstream = request.upstream(registries.base(self.name), timeout)
-                async with send(registries, self.name, upstream) as response:
+                upstream = request.upstream(services.registries.base(self.name), timeout)
+                async with services.egress.send(self.name, upstream) as response:
                     outcome = await whole(request, response, at)
                     return outcome
         except RegistryError as error:
@@ -275,18 +270,3 @@ async def whole(request: RegistryRequest, response: Opened, at: float) -> Answer
         request.accept,
     )
     return verified(request, answer)
-
-
-@asynccontextmanager
-async def send(
-    registries: Registries,
-    host: str,
-    request: UpstreamRequest,
-    *,
-    content: Content | None = None,
-    authenticate: bool = True,
-) -> AsyncIterator[Opened]:
-    """Send ``request`` to ``host``; the answer is open inside the block, released after."""
-    async with await registries.send(host, request, authenticate=authenticate) as response:
-        headers = end_to_end(response.headers)
-        yield Opened(host, response.status, headers, content, response)

@@ -8,10 +8,11 @@ Everything that leaves kuikproxy for a registry goes through :meth:`Registries.s
 * a request that carries no ``Authorization`` of the client's is signed by kuikproxy: with a
   cached token for its scope when there is one, else sent as is and, on a ``401`` challenge,
   retried once with a token from the realm (with kuikproxy's own credentials for the host, or
-  anonymously; each token request first waits for the host's ``OAuth`` quota, through the
-  ``before_token`` hook) or Basic credentials. Answers read this way are shared by every
-  client (R5); a client's own ``Authorization`` is passed through untouched and never mixed
-  with kuikproxy's;
+  anonymously) or Basic credentials. A token request is not made by :meth:`Registries.send`:
+  it answers a :class:`SignIn` instead, for its caller to make once the host's ``OAuth`` quota
+  lets it (:meth:`Registries.signed_in`): the client waits on nothing of its callers'. Answers
+  read this way are shared by every client (R5); a client's own ``Authorization`` is passed
+  through untouched and never mixed with kuikproxy's;
 * redirects (blob storage) are followed here, at most :data:`MAX_REDIRECTS` hops, and an
   ``Authorization`` never crosses to another origin;
 * a redirect is followed only to a well-formed http(s) URL without userinfo, and through the
@@ -35,8 +36,8 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from yarl import URL
 
@@ -64,8 +65,20 @@ TOKEN_TIMEOUT = 30.0
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _BAD_PORT = "a port that is not a number from 1 to 65535"
 Headers = tuple[tuple[str, str], ...]
-Observer = Callable[[str, str, int | None, Headers], None]
-TokenGate = Callable[[str], Awaitable[None]]  # awaited before a token request to a host's realm
+# what one answer on the wire said: host, method, status (None: no answer came), headers
+Heard = tuple[str, str, int | None, Headers]
+
+
+@dataclass(frozen=True, slots=True)
+class SignIn:
+    """A read the registry challenged, that a token from its realm would sign: the challenge's
+    answer (``challenged``, open until :meth:`Registries.signed_in`), and what to send."""
+
+    host: str
+    request: UpstreamRequest
+    token_request: UpstreamRequest
+    scope: str
+    challenged: UpstreamResponse
 
 
 def trusted_endpoints(config: Config) -> set[Endpoint]:
@@ -87,20 +100,13 @@ class Registries:
         transport: Transport,
         clock: Callable[[], float],
         guard: AddressGuard | None = None,
-        observe: Observer | None = None,
-        *,
-        before_token: TokenGate | None = None,
     ) -> None:
-        """``observe(host, method, status, headers)`` hears of every request sent and its
-        answer (status None when no answer came): metrics count them, throttling reads them.
-        ``before_token(host)`` is awaited before each token request kuikproxy sends for
-        ``host``: the runtime holds it there until the host's ``OAuth`` buckets have a token
-        (SPEC §11), as it holds a read until its buckets do."""
+        """Every answer on the wire (a redirect's, a token realm's too) is written down in
+        :attr:`heard`, for the runtime to read (its throttling, its counts) when a send ends."""
         self.transport = transport
         self._clock = clock
         self._guard = guard
-        self._observe: Observer = observe or (lambda host, method, status, headers: None)
-        self._before_token = before_token
+        self.heard: list[Heard] = []
         self._tokens = TokenCache()
         self._config = config
         # the reads the registries were sent, by kind: what a registry's own log counts (a read
@@ -163,10 +169,11 @@ class Registries:
         request: UpstreamRequest,
         *,
         authenticate: bool = True,
-    ) -> UpstreamResponse:
+    ) -> UpstreamResponse | SignIn:
         """Send ``request`` to ``host``; see the module's docstring for what is done on the way.
         ``authenticate=False`` relays a ``401`` as it is (the ``/v2/`` ping of a host kuikproxy
-        holds no credentials for: clients must see the challenge to sign in themselves)."""
+        holds no credentials for: clients must see the challenge to sign in themselves). A
+        :class:`SignIn` when a token from the host's realm is what the read needs."""
         client_auth = any(k.lower() == "authorization" for k, _ in request.headers)
         sign = authenticate and not client_auth
         scope = _scope_of(request.url)
@@ -175,11 +182,34 @@ class Registries:
         response = await self._follow(host, request)
         if sign and response.status == 401:
             header = response.headers.get("WWW-Authenticate", "")
-            auth = await self._authorize(host, parse_challenge(header), scope, request.timeout)
-            if auth is not None:
+            wanted = self._authorize(host, parse_challenge(header), scope, request.timeout)
+            if isinstance(wanted, UpstreamRequest):
+                return SignIn(host, request, wanted, scope, response)
+            if wanted is not None:
                 response.release()
-                response = await self._follow(host, _with_auth(request, auth))
+                response = await self._follow(host, _with_auth(request, wanted))
         return response
+
+    async def signed_in(self, sign_in: SignIn) -> UpstreamResponse:
+        """The challenged read sent again with a token from the host's realm; the challenge's
+        answer as it came when the realm gives none."""
+        host, challenged = sign_in.host, sign_in.challenged
+        try:
+            async with await self._follow(host, sign_in.token_request, "token realm") as answer:
+                body = await answer.read(MAX_TOKEN_ANSWER)
+                status = answer.status
+        except BaseException:
+            challenged.release()
+            raise
+        found = token_of(body) if status == 200 else None
+        if found is None:
+            realm = sign_in.token_request.url.host
+            log.warning("%s: the token realm %s answered %d", host, realm, status)
+            return challenged
+        token, lifetime = found
+        self._tokens.put(host, sign_in.scope, token, lifetime, self._clock())
+        challenged.release()
+        return await self._follow(host, _with_auth(sign_in.request, f"Bearer {token}"))
 
     async def _follow(
         self, host: str, request: UpstreamRequest, via: str | None = None
@@ -219,13 +249,13 @@ class Registries:
         try:
             response = await self.transport.send(request)
         except RegistryError as error:
-            self._observe(host, request.method, None, ())
+            self.heard.append((host, request.method, None, ()))
             log.warning("%s: %s", host, error.message)  # the message names method and URL
             if via is None:
                 raise
             kind = UpstreamTimeout if isinstance(error, UpstreamTimeout) else UpstreamUnreachable
             raise kind(f"{host}: {via}: {error.message}", refusal=error.refusal) from error
-        self._observe(host, request.method, response.status, tuple(response.headers.items()))
+        self.heard.append((host, request.method, response.status, tuple(response.headers.items())))
         log.debug("%s: %s %s -> %d", host, request.method, shown(request.url), response.status)
         return response
 
@@ -239,10 +269,11 @@ class Registries:
             return basic(*user) if user is not None else None
         return None
 
-    async def _authorize(
+    def _authorize(
         self, host: str, challenge: Challenge | None, scope: str, timeout: float | None
-    ) -> str | None:
-        """An ``Authorization`` answering ``challenge``, or None when there is none to give."""
+    ) -> str | UpstreamRequest | None:
+        """An ``Authorization`` answering ``challenge``, the token request that would get one,
+        or None when there is none to give."""
         if challenge is None:
             return None
         self._tokens.challenged(host, challenge)
@@ -269,25 +300,13 @@ class Registries:
         if wanted:
             query["scope"] = wanted
         headers: Headers = (("Authorization", basic(*user)),) if user is not None else ()
-        token_request = UpstreamRequest(
+        return UpstreamRequest(
             "GET",
             realm.update_query(query),
             headers,
             min(timeout or TOKEN_TIMEOUT, TOKEN_TIMEOUT),
             realm=True,
         )
-        if self._before_token is not None:
-            await self._before_token(host)
-        async with await self._follow(host, token_request, "token realm") as answer:
-            body = await answer.read(MAX_TOKEN_ANSWER)
-            status = answer.status
-        found = token_of(body) if status == 200 else None
-        if found is None:
-            log.warning("%s: the token realm %s answered %d", host, realm.host, status)
-            return None
-        token, lifetime = found
-        self._tokens.put(host, scope, token, lifetime, self._clock())
-        return f"Bearer {token}"
 
 
 def _endpoint(url: URL) -> Endpoint:

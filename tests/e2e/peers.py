@@ -328,7 +328,8 @@ class SeededImage:
         return self.manifest_digests | self.blob_digests
 
 
-def _json(value: Any) -> bytes:
+def canonical_json(value: Any) -> bytes:
+    """JSON as registries hash it here: sorted keys, no spaces (one digest per document)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -364,7 +365,7 @@ def build_image(
         layer = Blob(OCI_LAYER, gzipped)
         config = Blob(
             OCI_CONFIG,
-            _json(
+            canonical_json(
                 {
                     "architecture": arch,
                     "os": os_name,
@@ -378,7 +379,7 @@ def build_image(
         )
         manifest = Blob(
             OCI_MANIFEST,
-            _json(
+            canonical_json(
                 {
                     "schemaVersion": 2,
                     "mediaType": OCI_MANIFEST,
@@ -390,7 +391,7 @@ def build_image(
         built.append(PlatformImage(platform, manifest, config, layer))
     index = Blob(
         OCI_INDEX,
-        _json(
+        canonical_json(
             {
                 "schemaVersion": 2,
                 "mediaType": OCI_INDEX,
@@ -1235,7 +1236,7 @@ class RecordingForwarder(ThreadedServer):
         if refuse is not None and request.path.rstrip("/") != "/v2":
             status, headers = refuse
             self._record(request, status, at)
-            body = _json({"errors": [{"code": "TOOMANYREQUESTS", "message": "slow down"}]})
+            body = canonical_json({"errors": [{"code": "TOOMANYREQUESTS", "message": "slow down"}]})
             return web.Response(
                 status=status, body=body, headers={"Content-Type": "application/json", **headers}
             )

@@ -42,7 +42,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiohttp import web
@@ -60,6 +59,7 @@ from tests.e2e.peers import (
     RecordingForwarder,
     RegistryClient,
     Run,
+    canonical_json,
     http,
 )
 from tests.e2e.test_store import (
@@ -142,10 +142,6 @@ class MultiArch:
         return {self.index.digest, *self.platform(name).content}
 
 
-def _json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-
-
 def build_multi_arch(repository: str, platforms: tuple[str, ...]) -> MultiArch:
     """An index of ``platforms``, each with :data:`LAYERS` layers of random bytes (no two
     platforms share a blob) and a config naming their diff ids, as a node unpacks it."""
@@ -156,11 +152,11 @@ def build_multi_arch(repository: str, platforms: tuple[str, ...]) -> MultiArch:
         rootfs = {"type": "layers", "diff_ids": [diff_id for _, diff_id in layers]}
         config = Blob(
             OCI_CONFIG,
-            _json({"architecture": arch, "os": os_name, "config": {}, "rootfs": rootfs}),
+            canonical_json({"architecture": arch, "os": os_name, "config": {}, "rootfs": rootfs}),
         )
         manifest = Blob(
             OCI_MANIFEST,
-            _json(
+            canonical_json(
                 {
                     "schemaVersion": 2,
                     "mediaType": OCI_MANIFEST,
@@ -172,7 +168,7 @@ def build_multi_arch(repository: str, platforms: tuple[str, ...]) -> MultiArch:
         built.append(Platform(name, manifest, config, tuple(layer for layer, _ in layers)))
     index = Blob(
         OCI_INDEX,
-        _json(
+        canonical_json(
             {
                 "schemaVersion": 2,
                 "mediaType": OCI_INDEX,

@@ -240,3 +240,18 @@ async def test_a_read_over_lets_its_window_go_once_its_last_follower_left() -> N
     assert await take(follower) == body
     await run
     assert fan.held == 0
+
+
+async def test_the_last_expected_client_gets_the_blob_after_the_others_are_done() -> None:
+    """Its reader and the first follower took a one-chunk blob whole and left before the last
+    expected client took its place: the window is still there for it."""
+    body = blob(CHUNK // 2)
+    fan, _ = fan_of(body)
+    fan.expect()
+    fan.expect()
+    reader = fan.follower(None)
+    await fan.run()
+    assert await take(reader) == body
+    assert await take(fan.follower(None)) == body
+    assert await take(fan.follower(None)) == body
+    assert fan.held == 0
