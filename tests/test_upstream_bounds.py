@@ -16,7 +16,7 @@ def test_tokens_and_challenges_are_bounded_oldest_out() -> None:
     cache = TokenCache()
     for n in range(MAX_TOKENS + 50):
         cache.put(f"h{n % 100}.example", f"repository:r{n}:pull", "t", 300.0, 0.0)
-    assert len(cache._tokens) <= MAX_TOKENS
+    assert len(cache) <= MAX_TOKENS
     assert cache.get("h49.example", f"repository:r{MAX_TOKENS + 49}:pull", 1.0) == "t"
     for n in range(MAX_CHALLENGES + 50):
         cache.challenged(f"h{n}.example", Challenge("bearer", {"realm": "http://realm"}))

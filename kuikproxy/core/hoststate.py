@@ -12,8 +12,9 @@ the outcome of a window counted, and the turn order of a window (P4).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from kuikproxy.core.copyqueues import CopyQueue, OpenCopy
 from kuikproxy.core.limits import Census
@@ -95,6 +96,16 @@ class HostState:
         self._copy_follow_ups: TimedMap[tuple[str, str], bool] = TimedMap()
 
     # -- configuration (P12) ----------------------------------------------------------------
+
+    def ring(self, resource: str) -> Ring | None:
+        """``resource``'s ring on this host, if it has one: the inspection seam of a ring's
+        own state (its cursor, laps, previous reads), beside the views."""
+        return self._rings.get(resource)
+
+    @property
+    def rings(self) -> Mapping[str, Ring]:
+        """Every ring on this host, by resource (read only)."""
+        return MappingProxyType(self._rings)
 
     def reconfigure(self, pacing: HostPacing, now: float) -> None:
         """Apply new settings in place: a changed interval restarts its series only."""

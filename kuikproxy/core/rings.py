@@ -96,6 +96,11 @@ class Ring:
     def __len__(self) -> int:
         return len(self._table)
 
+    @property
+    def in_rows(self) -> bool:
+        """Whether its images are kept as rows of one list (a few), not in column chunks."""
+        return not self._table.chunks
+
     def __contains__(self, image: object) -> bool:
         return isinstance(image, str) and self._table.find(image) is not None
 

@@ -190,6 +190,11 @@ class Hosts:
         counts = ((name, h.refusal_counts()) for name, h in self._hosts.items())
         return {name: counted for name, counted in counts if counted}
 
+    def runtime_of(self, host: str) -> Host | None:
+        """``host``'s runtime (its timers, parking, budget) while it has state: an inspection
+        seam, beside the snapshot."""
+        return self._hosts.get(host)
+
     def known(self, host: str) -> bool:
         """Whether ``host`` is configured or has state: what has metrics series of its own."""
         return host in self._hosts or host in self.services.config.registries

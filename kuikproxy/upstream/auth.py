@@ -133,6 +133,10 @@ class TokenCache:
         self._tokens: dict[tuple[str, str], tuple[str, float]] = {}
         self.challenges: dict[str, Challenge] = {}
 
+    def __len__(self) -> int:
+        """How many tokens it keeps (at most :data:`MAX_TOKENS`)."""
+        return len(self._tokens)
+
     def get(self, host: str, scope: str, now: float) -> str | None:
         entry = self._tokens.get((host, scope))
         if entry is None or entry[1] <= now:

@@ -37,6 +37,11 @@ FLUSH_POLL = 0.001  # seconds between looks at whether the headers have gone out
 _relaying: set[threading.Thread] = set()  # blobs being relayed in threads
 
 
+def relaying() -> frozenset[threading.Thread]:
+    """The threads relaying blobs now (at most :data:`MAX_THREADS`)."""
+    return frozenset(_relaying)
+
+
 class DetachedBody(Protocol):
     """The rest of a body taken from the loop (what ``Opened.detach`` returns): ``arrived``,
     then ``remaining`` bytes in pieces of a ring of buffers (``upstream.detached``)."""

@@ -49,7 +49,7 @@ def state(t: Timeline, now: float) -> tuple[Any, ...]:
     """What a decision may change: rings (every image's times and laps), waiting tickets,
     follow-up grants, the census, the last request, the views."""
     s = t.sched
-    rings = {r: ring.export() for r, ring in sorted(s._rings.items())}
+    rings = {r: ring.export() for r, ring in sorted(s.rings.items())}
     tickets = s._check_tickets
     waiting = {
         k: sorted((x.resource, x.auth or "") for x in tickets.of(k)) for k in tickets._by_key
@@ -107,9 +107,9 @@ def test_reuse_answers_a_resource_new_to_the_image_and_not_its_next_ask() -> Non
     t.window()
     kept_at = t.kept["app/a:1"][0]
     assert t.sched.reuse("B", img("app/a:1"), 70.0, kept_at)
-    assert t.sched._rings["B"].previous_read("app/a:1") == 70.0
+    assert t.sched.ring("B").previous_read("app/a:1") == 70.0
     assert not t.sched.reuse("B", img("app/a:1"), 80.0, kept_at)
-    assert t.sched._rings["B"].previous_read("app/a:1") == 70.0
+    assert t.sched.ring("B").previous_read("app/a:1") == 70.0
 
 
 def test_reuse_leaves_a_follow_up_grant_to_check() -> None:

@@ -80,7 +80,7 @@ def test_p7_max_hold_cancelled_ticket_keeps_its_image_in_the_ring() -> None:
     assert t.sched.retry_after(tickets[1], 30.0) > 0
     t.sched.cancel(tickets[1])
     assert t.ring_view("A").images == 3
-    assert "app/b:1" in t.sched._rings["A"]
+    assert "app/b:1" in t.sched.ring("A")
     t.window()
     t.ask("A", "app/b:1", t.next_window - 1)  # the client's retry
     t.run(2)
@@ -97,7 +97,7 @@ def test_p8_image_leaves_the_ring_after_retention_without_a_request() -> None:
     assert t.ring_view("A").images == 2
     t.run(1)  # t = 3660
     assert t.ring_view("A").images == 1
-    assert "app/new:1" in t.sched._rings["A"]
+    assert "app/new:1" in t.sched.ring("A")
     t.run(30)  # t = 5460: app/new:1 unused since 1800
     assert all(r.resource != "A" for r in t.sched.view(t.next_window).rings)
 

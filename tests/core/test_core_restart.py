@@ -138,12 +138,12 @@ def test_p13_rings_are_plain_unless_tracked() -> None:
     and there are never changes; tracked, they are :class:`TrackedRing` s."""
     t = Timeline.start(0.0, check_interval=MIN)
     t.ask("A", "app/a:1", 0.0)
-    assert type(t.sched._rings["A"]) is Ring
+    assert type(t.sched.ring("A")) is Ring
     assert t.sched.changes() == []
     tracked = Timeline.start(0.0, check_interval=MIN)
     tracked.sched.track_changes()
     tracked.ask("A", "app/a:1", 0.0)
-    assert type(tracked.sched._rings["A"]) is TrackedRing
+    assert type(tracked.sched.ring("A")) is TrackedRing
 
 
 def test_p13_changes_are_what_changed_since_the_last_call() -> None:
@@ -234,7 +234,7 @@ def apply(store: Store, changes: list[tuple[str, RingChanges]]) -> None:
 def held(sched: HostScheduler) -> Store:
     return {
         resource: (ring.header(), {e.image: e for e in ring.export().entries})
-        for resource, ring in sched._rings.items()
+        for resource, ring in sched.rings.items()
     }
 
 

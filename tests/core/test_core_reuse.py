@@ -29,8 +29,8 @@ def test_r1_reuse_when_kept_answer_is_newer_than_the_previous_read_and_young() -
     t.ask("A", NGINX, 0.0)
     t.window()
     assert isinstance(t.ask("B", NGINX, 1.5 * MIN), Reuse)
-    assert t.sched._rings["B"].previous_read(NGINX) == 1.5 * MIN
-    assert t.sched._rings["B"].answered_in_lap(NGINX)
+    assert t.sched.ring("B").previous_read(NGINX) == 1.5 * MIN
+    assert t.sched.ring("B").answered_in_lap(NGINX)
     assert t.window().outcome is Outcome.IDLE  # B's answer spent no window
 
 
@@ -79,7 +79,7 @@ def test_r2_one_read_serves_every_resource_waiting_for_the_image() -> None:
     assert set(read.tickets) == {d.ticket for d in (a, b1, b2, c) if isinstance(d, Hold)}
     assert read.leader is not None and read.leader.resource == "A"
     assert {ticket.image.key for ticket in t.held.values()} == {"library/redis:7"}
-    assert t.sched._rings["C"].answered_in_lap(NGINX)
+    assert t.sched.ring("C").answered_in_lap(NGINX)
     following = t.window().read
     assert following is not None and following.image.key == "library/redis:7"
 

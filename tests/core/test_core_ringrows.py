@@ -30,7 +30,7 @@ def few(n: int) -> Iterator[None]:
 
 
 def rows(ring: Ring) -> bool:
-    return not ring._table.chunks
+    return ring.in_rows
 
 
 steps = st.lists(

@@ -29,7 +29,7 @@ def test_p11_a_client_that_left_leaves_its_image_asked_until_a_window_reads_it()
     assert not t.sched.standing(ticket)
     assert t.ring_view("A").images == 1
     assert isinstance(t.ask("A", "app:v1", 61.0), Reuse)  # the retry
-    assert t.sched._rings["A"].previous_read("app:v1") == 61.0
+    assert t.sched.ring("A").previous_read("app:v1") == 61.0
 
 
 def test_p11_a_standing_ask_lapses_one_interval_after_its_lost_turn() -> None:

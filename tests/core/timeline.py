@@ -109,7 +109,7 @@ class Timeline:
         return released
 
     def cursor(self, resource: str) -> str | None:
-        ring = self.sched._rings.get(resource)
+        ring = self.sched.ring(resource)
         return None if ring is None else ring.cursor
 
     def ring_view(self, resource: str) -> RingView:

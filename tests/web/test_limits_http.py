@@ -116,7 +116,7 @@ async def test_max_resources_refuses_a_new_resource_and_serves_the_others(
     await refused(await check(client, "v1", "c"), "maxResources", 2, HOST)
     await refused(await check(client, "v2", "c"), "maxResources", 2, HOST)
     await refused(await check(client, "v1", "c", "127.9.0.1"), "maxResources", 2, "127.9.0.1")
-    assert "127.9.0.1" not in pacer_of(client)._hosts
+    assert "127.9.0.1" not in pacer_of(client).hosts
     assert (await head(client, "v1", "b")).status == 200  # its next lap: held, then read
     status = await (await client.get("/status")).json()
     assert status["registries"][HOST]["refused"] == {"maxResources": 2}
@@ -158,15 +158,16 @@ async def test_a_quiet_host_has_no_timer_and_is_forgotten_after_the_retention(
     pacer = pacer_of(client)
     wild = "127.9.0.1"
     assert (await check(client, "v1", "web", wild)).status == 403  # read at its window, 1m
-    host = pacer._hosts[wild]
+    host = pacer.runtime_of(wild)
+    assert host is not None
     await asyncio.sleep(61.0)  # the window after the read found nothing due: the series sleeps
     assert host.timers.armed == {} and window_timers(host) == []
-    assert window_timers(pacer._hosts[HOST]) == []  # nor does the configured host
+    assert window_timers(pacer.runtime_of(HOST)) == []  # nor does the configured host
     status = await (await client.get("/status")).json()
     windows = status["registries"][wild]["check"]["windows"]
     assert (windows["used"], windows["idle"]) == (1, 1)  # at 1m its read, at 2m nothing
     await asyncio.sleep(retention)
-    assert wild not in pacer._hosts and wild not in pacer.sweeps
+    assert wild not in pacer.hosts and wild not in pacer.sweeps
     status = await (await client.get("/status")).json()
     assert set(status["registries"]) == {HOST}
     series = await scrape(client)

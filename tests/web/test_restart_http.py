@@ -215,7 +215,7 @@ async def test_p13_without_state_path_nothing_is_written(
     assert client.server.app[PACER].durable is None
     responses = await asyncio.gather(*(head(client, ref) for ref in REFS[:2]))
     assert [r.status for r in responses] == [200, 200]
-    assert type(client.server.app[PACER].hosts[HOST]._rings["web"]).__name__ == "Ring"
+    assert type(client.server.app[PACER].hosts[HOST].ring("web")).__name__ == "Ring"
 
 
 def prepare(path: str, batch: Batch) -> None:

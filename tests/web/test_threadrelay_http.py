@@ -72,13 +72,13 @@ def relays(monkeypatch: pytest.MonkeyPatch) -> list[threading.Thread]:
     original = threadrelay.relay_in_thread
 
     async def counted(*args: Any) -> bool:
-        before = set(threadrelay._relaying)
+        before = set(threadrelay.relaying())
         task = asyncio.ensure_future(original(*args))
         for _ in range(10_000):  # the thread starts once the headers have gone out
-            if task.done() or set(threadrelay._relaying) != before:
+            if task.done() or set(threadrelay.relaying()) != before:
                 break
             await asyncio.sleep(0)
-        started.extend(set(threadrelay._relaying) - before)
+        started.extend(set(threadrelay.relaying()) - before)
         return await task
 
     monkeypatch.setattr(relay, "relay_in_thread", counted)
@@ -156,7 +156,7 @@ async def test_the_clients_connection_serves_its_next_requests_after_a_blob_in_a
     fd = connection.transport.get_extra_info("socket").fileno()
     assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK
     writer.close()
-    await settled(lambda: not threadrelay._relaying and not blob_threads(), "threads ended")
+    await settled(lambda: not threadrelay.relaying() and not blob_threads(), "threads ended")
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
@@ -175,7 +175,7 @@ async def test_a_client_that_leaves_mid_blob_frees_the_thread_and_both_connectio
     writer.close()
     upstream = fake.transports[-1]
     await settled(lambda: upstream is None or upstream.is_closing(), "registry's end closed")
-    await settled(lambda: not blob_threads() and not threadrelay._relaying, "threads ended")
+    await settled(lambda: not blob_threads() and not threadrelay.relaying(), "threads ended")
     fake.let_go.set()  # the registry's handler ends too
     await settled(lambda: census() == before, f"{census()} back to {before}")
 
@@ -200,7 +200,7 @@ async def test_shutdown_cancels_a_blob_in_a_thread_at_the_end_of_its_grace(
         await reader.readexactly(len(BODY) * 2 - size)
     writer.close()
     # woken by the cancellation: the registry's stall timeout is far off (and real time)
-    await settled(lambda: not blob_threads() and not threadrelay._relaying, "threads ended")
+    await settled(lambda: not blob_threads() and not threadrelay.relaying(), "threads ended")
     fake.let_go.set()
     await settled(lambda: all(a <= b for a, b in zip(census(), before, strict=True)), "freed")
 
@@ -225,7 +225,7 @@ async def test_a_blob_relayed_in_a_thread_ends_at_copy_timeout(
     assert len(relays) == 1
     assert time.monotonic() - started < STALL_TIMEOUT / 2  # the deadline, not a stall
     fake.let_go.set()
-    await settled(lambda: not blob_threads() and not threadrelay._relaying, "threads ended")
+    await settled(lambda: not blob_threads() and not threadrelay.relaying(), "threads ended")
 
 
 @pytest.mark.parametrize("wrong", [False, True], ids=["honest", "last-byte"])
