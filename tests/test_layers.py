@@ -3,7 +3,8 @@
 The layers themselves are import-linter contracts in ``pyproject.toml`` (``lint-imports`` in
 ``.ci/run``); this test covers what those contracts cannot: a cycle inside one layer. The graph
 is read from the source with :mod:`ast`: an import counts wherever it is written, at module
-level or inside a function, except under ``if TYPE_CHECKING:``, which never runs.
+level, inside a function, or under ``if TYPE_CHECKING:`` — an import made for types alone is
+a dependency all the same, and two modules that need each other's types are one concern.
 """
 
 from __future__ import annotations
@@ -26,21 +27,13 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement of a module, ``if TYPE_CHECKING:`` bodies left out."""
+    """Every import statement of a module, ``if TYPE_CHECKING:`` bodies included."""
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
-        elif isinstance(node, ast.If) and is_type_checking(node.test):
-            stack.extend(node.orelse)  # the ``else:`` of a TYPE_CHECKING block does run
         else:
             stack.extend(ast.iter_child_nodes(node))
 
@@ -151,12 +144,12 @@ def describe(graph: Graph, cycle: list[str]) -> str:
     return "\n".join(f"    {a} -> {b} (l.{graph[a][b]})" for a, b in pairwise(cycle))
 
 
-def test_the_graph_sees_imports_everywhere_but_under_type_checking() -> None:
+def test_the_graph_sees_imports_everywhere_type_checking_included() -> None:
     graph = import_graph()
     assert "kuikproxy.cli" in graph["kuikproxy.__main__"]  # module level
     assert "kuikproxy.server" in graph["kuikproxy.cli"]  # inside a function
     assert "kuikproxy.fleet.redis" in graph["kuikproxy.fleet.join"]  # inside a function
-    assert "kuikproxy.forward.authority" not in graph["kuikproxy.forward.front"]  # TYPE_CHECKING
+    assert "kuikproxy.forward.authority" in graph["kuikproxy.forward.front"]  # TYPE_CHECKING
 
 
 def test_a_cycle_is_found_and_shown() -> None:

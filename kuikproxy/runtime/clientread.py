@@ -10,14 +10,15 @@ renders what it yields; it never sees the upstream client.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Generator
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kuikproxy.core.digests import content_of
 from kuikproxy.core.images import BLOBS, MANIFESTS
-from kuikproxy.core.stored import outage
+from kuikproxy.core.stored import outage, serves_stale
 from kuikproxy.core.tickets import Operation
 from kuikproxy.errors import (
     RegistryError,
@@ -28,17 +29,24 @@ from kuikproxy.errors import (
 )
 from kuikproxy.runtime.content import mismatch
 from kuikproxy.runtime.fanout import FanOut, Follower
-from kuikproxy.runtime.fleet import FLEET_WAIT, FleetLink, read_once
-from kuikproxy.runtime.flights import Flight, Outcome, serves
-from kuikproxy.runtime.messages import Answer, Body, Go, Opened, RegistryRequest, Reply
+from kuikproxy.runtime.fleetreads import fleet_of, from_fleet, landed, reads_once
+from kuikproxy.runtime.flights import Flight, Outcome
+from kuikproxy.runtime.heldread import HeldRead, not_idle, prove
+from kuikproxy.runtime.host import Admitted
+from kuikproxy.runtime.hosts import Hosts
+from kuikproxy.runtime.messages import (
+    KUIK_RESOURCE,
+    Answer,
+    Body,
+    Go,
+    Opened,
+    RegistryRequest,
+    Reply,
+)
 from kuikproxy.runtime.parking import Waiter
-from kuikproxy.runtime.proofs import Proofs
 from kuikproxy.runtime.pullthrough import PullThrough, stored_by_digest
+from kuikproxy.runtime.services import Services
 from kuikproxy.runtime.windowreads import whole
-
-if TYPE_CHECKING:  # the pacer makes reads; a read only calls it back
-    from kuikproxy.runtime.host import Admitted
-    from kuikproxy.runtime.pacer import Pacer
 
 
 class ClientRead:
@@ -49,12 +57,20 @@ class ClientRead:
     frame it sits in, and a kept answer for every object made on its way (the hot path)."""
 
     __slots__ = (
-        "_body", "_connection", "_early", "_follower", "_go", "_opened", "_pacer", "_request",
+        "_body", "_connection", "_early", "_follower", "_go", "_hosts", "_opened", "_request",
+        "_services",
         "_timeout",
     )  # fmt: skip
 
-    def __init__(self, pacer: Pacer, request: RegistryRequest, connection: object = None) -> None:
-        self._pacer = pacer
+    def __init__(
+        self,
+        services: Services,
+        hosts: Hosts,
+        request: RegistryRequest,
+        connection: object = None,
+    ) -> None:
+        self._services = services  # what every read shares: the config, egress, flights, store
+        self._hosts = hosts  # its host's admission, quota and seat
         self._request = request
         self._connection = connection  # the edge's, told when the read parks (_not_idle)
         self._go: Go | None = None  # released to go upstream: ended on the way out
@@ -76,15 +92,18 @@ class ClientRead:
                 finally:  # not left in this frame, which its traceback holds: a cycle
                     del early
             return self._then(early)
-        pacer = self._pacer
-        if pacer.closed:
+        if self._hosts.closed:
             raise Unavailable("kuikproxy is shutting down", refusal="shutdown")
-        cache = pacer.cache
+        cache = self._services.cache
         return self._reply() if cache is None else self._through(cache)
 
     @property
     def request(self) -> RegistryRequest:
         return self._request
+
+    @property
+    def services(self) -> Services:
+        return self._services
 
     def admit_now(self) -> Waiter | bool:
         """Admission decided now, before the read is entered, when nothing in it is awaited (no
@@ -94,17 +113,17 @@ class ClientRead:
         request object is made for it. Returns the waiter to watch if it was parked, True if
         decided otherwise (answered, released, or refused), False if not decided (entering
         decides, as it always does)."""
-        pacer, request = self._pacer, self._request
+        services, request = self._services, self._request
         if (
-            pacer.closed
-            or pacer.cache is not None
+            self._hosts.closed
+            or services.cache is not None
             or not request.paced
             or (request.gate.paced_exempt and request.flow.exempt)
-            or (pacer.fleet is not None and request.operation is Operation.CHECK)
+            or (services.fleet is not None and request.operation is Operation.CHECK)
         ):
             return False
         try:
-            early = self._early = pacer.admit(request)
+            early = self._early = self._hosts.admit(request)
         except RegistryError as refused:  # raised when entered, as entering would have
             # without its traceback, whose frames (this one holds the read) it would otherwise
             # keep until raised again
@@ -112,7 +131,7 @@ class ClientRead:
             return True
         if isinstance(early, Waiter):
             if self._connection is not None:
-                _not_idle(self._connection)
+                not_idle(self._connection)
             return early
         return True
 
@@ -134,7 +153,7 @@ class ClientRead:
         """The read with a pull-through store (§15): content by digest from the disk, or from
         the one read of it under way; a blob read from the registry goes to the disk for
         everyone; a manifest by tag stale while its registry cannot be asked."""
-        pacer, request = self._pacer, self._request
+        request = self._request
         image = request.image
         if stored_by_digest(image):
             stored = await self._stored(cache)
@@ -142,7 +161,8 @@ class ClientRead:
                 return stored
         # only a manifest by tag is ever stale: the rest pays nothing for it
         stale = image.route == MANIFESTS and not image.by_digest
-        blocked = stale and pacer.blocked_until(request.host, pacer.loop.time()) is not None
+        now = self._services.loop.time()
+        blocked = stale and self._hosts.blocked_until(request.host, now) is not None
         if blocked and (kept := self._stale(cache)) is not None:
             return kept
         try:
@@ -158,7 +178,10 @@ class ClientRead:
     def _stale(self, cache: PullThrough) -> Reply | None:
         """The stored manifest the request's tag last named, however old, when ``serveStale``
         lets this request have it while its registry cannot be asked (§15)."""
-        if not self._pacer.serves_stale(self._request):
+        request = self._request
+        setting = self._services.config.registry(request.host).serve_stale
+        check = request.operation is Operation.CHECK
+        if not serves_stale(setting, check, request.header(KUIK_RESOURCE) is not None):
             return None
         answer = cache.stale(self._request)
         return None if answer is None else Reply(answer=answer, hit=True, stale=True)
@@ -167,7 +190,7 @@ class ClientRead:
         """``request``'s content from the store or a fill under way, or what another client's
         registry read of it in flight gave (R2), waiting for that read to land: a blob it
         brings goes to the store, and is looked for there again."""
-        request, flights = self._request, self._pacer.flights
+        request, flights = self._request, self._services.flights
         while True:
             body = cache.find(request)
             if body is not None:
@@ -200,40 +223,47 @@ class ClientRead:
     def _reply(self) -> Awaitable[Reply]:
         """Admission is decided here, not in a coroutine: a held read is awaited as its waiter
         (:class:`_Held`), so a held request sits in no frame of the read's."""
-        pacer, request = self._pacer, self._request
+        request = self._request
         if not request.paced:  # a destination kuik owns (§4.3): straight through
             return self._send(None, seated=True)
         if request.gate.paced_exempt and request.flow.exempt:
             return self._exempt()
-        if pacer.fleet is not None and request.operation is Operation.CHECK:
+        if self._services.fleet is not None and request.operation is Operation.CHECK:
             return self._from_fleet()
         return self._admit()
 
     async def _from_fleet(self) -> Reply:
-        await self._pacer.from_fleet(self._request)
+        """Before a check is admitted: when no answer kept here may serve it, the answers the
+        fleet keeps are kept here too, so that an image another proxy read serves this one's
+        resources as R1 says (read once per lap for the whole fleet)."""
+        request, kept = self._request, self._services.kept
+        fleet = fleet_of(self._services, request.host)
+        if fleet is not None and kept.find(request) is None:
+            for answer in await fleet.find(request):
+                kept.keep(request.host, request.image.key, answer)
         return await self._admit()
 
     def _admit(self) -> Awaitable[Reply]:
-        return self._then(self._pacer.admit(self._request))
+        return self._then(self._hosts.admit(self._request))
 
     def _then(self, admitted: Admitted) -> Awaitable[Reply]:
         if isinstance(admitted, Answer):
-            _prove(self._pacer.proofs, self._request, admitted)
+            prove(self._services.flights.proofs, self._request, admitted)
             return _at_once(Reply(answer=admitted, hit=True))
         if isinstance(admitted, Waiter):
             if self._connection is not None:
-                _not_idle(self._connection)
-            return _Held(self, admitted)
-        return self._upstream(admitted)
+                not_idle(self._connection)
+            return HeldRead(self, admitted)
+        return self.go_upstream(admitted)
 
-    async def _upstream(self, go: Go) -> Reply:
+    async def go_upstream(self, go: Go) -> Reply:
         """Released to go upstream (at once, or by its window): the request is sent."""
-        pacer, request = self._pacer, self._request
+        request = self._request
         try:
             if request.operation is Operation.CHECK:
-                timeout = pacer.check_timeout(request.host)
+                timeout = _check_timeout(self._services, request.host)
             else:
-                timeout = pacer.left(go, request.host)
+                timeout = self._left(go)
             reply = await self._send(timeout, seated=True)
         except BaseException:
             go.done()  # its part of the copy ends here: it never went
@@ -248,7 +278,7 @@ class ClientRead:
             if self._opened is not None:
                 await self._opened.__aexit__(et, e, tb)
         finally:
-            cache = self._pacer.cache
+            cache = self._services.cache
             if self._body is not None and cache is not None:
                 cache.sent(self._body)
             if self._follower is not None:
@@ -259,24 +289,25 @@ class ClientRead:
     async def _send(self, timeout: float | None, *, seated: bool) -> Reply:
         """The read goes upstream — unless the same read is in flight and may serve it (R2):
         it follows that one then, and reads on its own only when what landed is not its."""
-        pacer, request = self._pacer, self._request
-        flights = pacer.flights
+        services, request = self._services, self._request
+        flights = services.flights
         flight = flights.joinable(request)
         if flight is not None:
             reply = self._follow(await flights.wait(flight, request))
-            if reply is None and pacer.cache is not None and stored_by_digest(request.image):
-                reply = await self._stored(pacer.cache)  # its blob went to the store
+            if reply is None and services.cache is not None and stored_by_digest(request.image):
+                reply = await self._stored(services.cache)  # its blob went to the store
             if reply is not None:
                 return reply
         self._timeout = timeout
         flight = flights.take_off(request)
-        fleet = pacer.fleet_of(request.host) if read_once(request) else None
+        fleet = reads_once(services, request)
         found: Answer | None = None
         outcome: Outcome = None
         try:
             if fleet is not None:
-                found = await self._from_fleet_read(fleet, timeout)
+                found = await from_fleet(services, fleet, request, timeout)
                 if found is not None:
+                    prove(services.flights.proofs, request, found)
                     outcome = found
                     return Reply(answer=found)
             opened = await self._open(timeout, seated=seated)
@@ -287,29 +318,15 @@ class ClientRead:
         finally:
             flights.land(flight, outcome)
             if fleet is not None and found is None:  # read here: the fleet's from now on
-                answer = outcome if isinstance(outcome, Answer) else None
-                ttl = pacer.config.cache.max_age
-                pacer.services.spawn(fleet.read_over(request, answer, ttl))
+                landed(services, fleet, request, outcome)
         return reply
-
-    async def _from_fleet_read(self, fleet: FleetLink, timeout: float | None) -> Answer | None:
-        """Content by digest another proxy of the fleet read, or is reading and may serve this
-        request (R2 across the fleet, R5), waited for as long as this read may take."""
-        pacer, request = self._pacer, self._request
-        until = pacer.loop.time() + (timeout or FLEET_WAIT)
-        proofs = pacer.proofs
-        found = await fleet.read_once(request, lambda a: serves(a, request, proofs), until)
-        if found is not None:
-            pacer.flights.count(request, 1)
-            _prove(proofs, request, found)
-        return found
 
     def _follow(self, given: Outcome) -> Reply | None:
         """A follower's reply from what a read in flight gave it (:meth:`Flights.wait`)."""
         if given is None:
             return None
         if isinstance(given, Answer):
-            _prove(self._pacer.proofs, self._request, given)
+            prove(self._services.flights.proofs, self._request, given)
             return Reply(answer=given)
         if isinstance(given, FanOut):
             self._follower = given.follower(self._rest)
@@ -320,7 +337,7 @@ class ClientRead:
         """The registry's answer to this read, and what of it others may follow: a blob's 200
         from memory (:class:`FanOut`), or the store's fill (its followers look there again);
         anything else read whole now (small: manifests, lists, refusals), the seat let go."""
-        pacer, request, opened = self._pacer, self._request, reply.opened
+        services, request, opened = self._services, self._request, reply.opened
         assert opened is not None and self._opened is not None
         image = request.image
         if image.route == BLOBS and request.method == "GET" and opened.status == 206:
@@ -333,44 +350,61 @@ class ClientRead:
             ):
                 raise mismatch(request.host, image.repository, content.digest)
             length = opened.headers.get("Content-Length", "")
-            if pacer.cache is not None or content is None or not length.isdigit():
+            if services.cache is not None or content is None or not length.isdigit():
                 return reply, None  # the store's, or not one to share
             if not flight.followed:  # nobody else asked meanwhile: relayed alone, in a thread
                 return reply, None
             stack, self._opened = self._opened, None  # the read's from now on
-            fan = pacer.flights.fan_out(flight, opened, stack, content, int(length))
-            pacer.services.spawn(fan.run())
+            fan = services.flights.fan_out(flight, opened, stack, content, int(length))
+            services.spawn(fan.run())
             self._follower = fan.follower(self._rest)
             return Reply(shared=self._follower), fan
         try:
-            answer = await whole(request, opened, pacer.loop.time())
+            answer = await whole(request, opened, services.loop.time())
         finally:
             stack, self._opened = self._opened, None
             await stack.aclose()
-        _prove(pacer.proofs, request, answer)
+        prove(services.flights.proofs, request, answer)
         return Reply(answer=answer), answer
 
     @asynccontextmanager
     async def _rest(self, offset: int) -> AsyncIterator[Opened]:
         """This client's own read of its blob from ``offset``, once it fell too far behind the
         one it followed (:class:`FanOut`): a ``Range`` read with the host's quota and a seat."""
-        pacer, request = self._pacer, self._request
+        request = self._request
         sent = request.sent
         headers = tuple(sent.items()) if not isinstance(sent, tuple) else sent
         rest = replace(request, sent=(*headers, ("Range", f"bytes={offset}-")))
-        async with pacer.upstream(rest), pacer.send_read(rest, self._timeout) as opened:
+        async with self._hosts.upstream(rest), self._send_read(rest, self._timeout) as opened:
             yield opened
+
+    def _left(self, go: Go) -> float | None:
+        """What is left of a copy's ``copy.timeout`` (504 at once when nothing is)."""
+        if go.deadline is None:
+            return None
+        left = go.deadline - self._services.loop.time()
+        if left <= 0:
+            raise UpstreamTimeout(f"{self._request.host}: the copy's copy.timeout has run out")
+        return left
+
+    def _send_read(
+        self, request: RegistryRequest, timeout: float | None
+    ) -> AbstractAsyncContextManager[Opened]:
+        """The registry request for a read, built once it may go (not while it waits)."""
+        services = self._services
+        upstream = request.upstream(services.registries.base(request.host), timeout)
+        return services.egress.send(request.host, upstream, content=content_of(request.image))
 
     async def _open(self, timeout: float | None, *, seated: bool) -> Reply:
         """Send the read with the host's quota and a seat (``seated``), or with a seat that
         never waits (an exempt read, P14); the answer stays open until :meth:`__aexit__`."""
-        pacer, request = self._pacer, self._request
+        request = self._request
         stack = AsyncExitStack()
         try:
             await stack.enter_async_context(
-                pacer.upstream(request) if seated else request.flow.seat()
+                self._hosts.upstream(request) if seated else request.flow.seat()
             )
-            opened = await stack.enter_async_context(pacer.send_read(request, timeout))
+            opened = await stack.enter_async_context(self._send_read(request, timeout))
         except BaseException:
             await stack.aclose()
             raise
@@ -382,12 +416,12 @@ class ClientRead:
         paced, bounded by ``check.timeout`` alone (P14). It never adds to the count of a
         registry that said stop: while the host is blocked it is answered from a kept answer,
         however old (marked stale), or refused with the block's remaining time (§11)."""
-        pacer, request = self._pacer, self._request
-        now = pacer.loop.time()
-        until = pacer.blocked_until(request.host, now)
+        services, request = self._services, self._request
+        now = services.loop.time()
+        until = self._hosts.blocked_until(request.host, now)
         if until is None:
-            return await self._send(pacer.check_timeout(request.host), seated=False)
-        kept = pacer.kept.find(request)
+            return await self._send(_check_timeout(services, request.host), seated=False)
+        kept = services.kept.find(request)
         if kept is None:
             raise TooManyRequests(
                 f"{request.host} asked kuikproxy to stop; no kept answer to give instead",
@@ -398,92 +432,10 @@ class ClientRead:
         return Reply(answer=kept, hit=True, stale=True)
 
 
-def _not_idle(connection: object) -> None:
-    """A parked request's connection is not idle while it waits: aiohttp keeps a keep-alive
-    timer per connection (a timer handle, its context and callback: ~250 B of a held request),
-    armed from the connection's start and armed again after each answer.
-    ``RequestHandler.keep_alive(True)`` cancels it and changes nothing else while a request is
-    in progress (aiohttp sets the flag from the answer once it is sent); duck-typed, so a
-    connection without it (a test's, another server's) is left as it is."""
-    keep_alive = getattr(connection, "keep_alive", None)
-    if callable(keep_alive):
-        keep_alive(True)
-
-
-def _prove(proofs: Proofs, request: RegistryRequest, answer: Answer) -> None:
-    """A client given a 200 manifest proved access to its repository (R5)."""
-    if answer.status == 200 and request.image.route == MANIFESTS:
-        proofs.proved(request)
+def _check_timeout(services: Services, host: str) -> float | None:
+    return services.config.registry(host).check.timeout or None
 
 
 async def _at_once(reply: Reply) -> Reply:
     """A reply known at admission (a kept answer), awaited as the read's other ones are."""
     return reply
-
-
-class _Held(Generator[Any, None, Reply]):
-    """A parked read, awaited as its waiter's future in no coroutine frame of its own (a held
-    request pays for every frame it sits in): ``await`` drives it as it would the future, and
-    what a read's coroutine would do around its wait is done here — the waiter unparked however
-    the wait ends (P11), the wait told to ``Pacer.waits``, a read released to go upstream
-    continued in :meth:`ClientRead._upstream`."""
-
-    __slots__ = ("_read", "_then", "_wait", "_waiter")
-
-    def __init__(self, read: ClientRead, waiter: Waiter) -> None:
-        self._read = read
-        self._waiter: Waiter | None = waiter  # None once unparked
-        self._wait = waiter.future.__await__()  # yields the future while it is pending
-        self._then: Coroutine[Any, Any, Reply] | None = None  # the read sent upstream
-
-    def __await__(self) -> Generator[Any, None, Reply]:
-        return self
-
-    def __next__(self) -> Any:
-        return self.send(None)
-
-    def send(self, value: None) -> Any:
-        if self._then is not None:
-            return self._then.send(value)
-        try:
-            return self._wait.send(value)
-        except StopIteration as done:
-            outcome: Answer | Go = done.value
-        except BaseException as error:  # refused meanwhile, or cancelled: its client left
-            self._unpark(cancelled=isinstance(error, asyncio.CancelledError))
-            raise
-        waiter = self._unpark(cancelled=False)
-        request = waiter.request
-        for waited in self._read._pacer.waits:
-            waited(request.host, request.operation, waiter.parking.loop.time() - waiter.since)
-        if isinstance(outcome, Answer):
-            _prove(self._read._pacer.proofs, request, outcome)
-            raise StopIteration(Reply(answer=outcome))
-        self._then = self._read._upstream(outcome)
-        return self._then.send(None)
-
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
-        """An exception thrown in while it waits (its handler cancelled: its client left)."""
-        error = typ if val is None else val
-        if isinstance(error, type):
-            error = error()
-        if self._then is not None:
-            return self._then.throw(error)
-        if self._waiter is not None:
-            self._unpark(cancelled=isinstance(error, asyncio.CancelledError))
-        try:
-            raise error
-        finally:  # not left in this frame, which its traceback holds: a cycle
-            del error
-
-    def close(self) -> None:
-        if self._then is not None:
-            self._then.close()
-        elif self._waiter is not None:
-            self._unpark(cancelled=False)
-
-    def _unpark(self, *, cancelled: bool) -> Waiter:
-        waiter, self._waiter = self._waiter, None
-        assert waiter is not None
-        waiter.parking.unpark(waiter, cancelled=cancelled)
-        return waiter

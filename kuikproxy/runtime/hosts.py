@@ -3,13 +3,15 @@ reloaded in place (P12), restored (P13), swept, and let go of when unused (P8); 
 ``/status``, ``/metrics`` and the page read of them.
 
 :class:`Hosts` is the part of the :class:`~kuikproxy.runtime.pacer.Pacer` that keeps the
-:class:`~kuikproxy.runtime.host.Host` objects; the pacer adds the read path.
+:class:`~kuikproxy.runtime.host.Host` objects, and what a client's read asks of them: its
+admission and its host's quota and seat (:class:`~kuikproxy.runtime.clientread.ClientRead`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from contextlib import asynccontextmanager
 
 from kuikproxy.config import Config
 from kuikproxy.core.limits import Census, Limit, Limits, admits_host
@@ -20,7 +22,8 @@ from kuikproxy.core.tickets import Operation
 from kuikproxy.core.views import HostView
 from kuikproxy.errors import Denied, RefusalLog, RegistryError
 from kuikproxy.runtime.durable import Durable
-from kuikproxy.runtime.host import Host
+from kuikproxy.runtime.host import Admitted, Host
+from kuikproxy.runtime.messages import RegistryRequest
 from kuikproxy.runtime.refusals import Refusals
 from kuikproxy.runtime.services import Services
 from kuikproxy.runtime.sweeps import Sweeps
@@ -46,6 +49,7 @@ class Hosts:
 
     def _keep_hosts(self) -> None:
         """Start with no host state but the configured, paced hosts'."""
+        self.closed = False  # shutting down: every read is refused from now on
         # told the name of each host whose state is let go of (forgotten, or no longer paced)
         self.forgetters: list[Callable[[str], None]] = []
         self.refused = Refusals(None)  # refusals no host's state answers for (maxHosts)
@@ -61,6 +65,26 @@ class Hosts:
     @property
     def limits(self) -> Limits:
         return self.census.limits
+
+    def admit(self, request: RegistryRequest) -> Admitted:
+        """Answer a paced read at once (a kept answer, or go without a window), or return what
+        to await for its window (:meth:`Host.admit`)."""
+        if request.host not in self._hosts:
+            # a host's first request makes a ring or a copy queue: one the census would refuse
+            # is refused before the host is made, so that it leaves nothing behind
+            checks = request.operation is Operation.CHECK
+            refusal = self.census.refusal(request.resource, int(checks), 0)
+            if refusal is not None:
+                now = self.loop.time()
+                raise self.refused.refusal(refusal.limit, self.limits, now, request.host)
+        return self._host(request.host).admit(request)
+
+    @asynccontextmanager
+    async def upstream(self, request: RegistryRequest) -> AsyncIterator[None]:
+        """Hold ``request``'s host's quota and a seat (:meth:`Budget.seat`) inside the block."""
+        budget = self._host(request.host).budget
+        async with budget.seat(request.image, request.method, request.authorization, request.flow):
+            yield
 
     def _host(self, host: str, *, restored: bool = False) -> Host:
         """The host's runtime, made at its first request. A host not in ``registries`` is

@@ -15,18 +15,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 
 from yarl import URL
 
 from kuikproxy.blobs.store import BlobStore
 from kuikproxy.config import Config
-from kuikproxy.core.digests import content_of
 from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.limits import Census
-from kuikproxy.core.stored import serves_stale
 from kuikproxy.core.tickets import Operation
-from kuikproxy.errors import Unavailable, UpstreamTimeout
+from kuikproxy.errors import Unavailable
 from kuikproxy.fleet.backend import FleetBackend
 from kuikproxy.runtime.clientread import ClientRead
 from kuikproxy.runtime.durable import Durable
@@ -34,13 +32,10 @@ from kuikproxy.runtime.egress import Egress
 from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.flights import Flights
 from kuikproxy.runtime.flowgate import FlowGate
-from kuikproxy.runtime.host import Admitted
 from kuikproxy.runtime.hosts import Hosts, limits_of
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.messages import (
-    KUIK_RESOURCE,
     Answer,
-    Go,
     Headers,
     Opened,
     RegistryRequest,
@@ -52,9 +47,6 @@ from kuikproxy.runtime.services import Services
 from kuikproxy.runtime.sweeps import Sweeps
 from kuikproxy.upstream.client import UpstreamRequest
 from kuikproxy.upstream.registries import Registries
-
-# told how long each held read waited for its window: host, series, seconds
-WaitObserver = Callable[[str, Operation, float], None]
 
 
 class Pacer(Hosts):
@@ -102,12 +94,11 @@ class Pacer(Hosts):
         self.durable, self.fleet, self.observers, self.tasks = (
             durable, s.fleet, s.observers, s.tasks
         )  # fmt: skip
-        self.waits: list[WaitObserver] = []
+        self.waits = s.waits
         # the pull-through store (§15), if one is configured
         self.cache = None if store is None else PullThrough(store, self.proofs, s.spawn)
         s.cache = self.cache
         self.pings = Pings(s.egress, loop.time)
-        self.closed = False
         self._keep_hosts()
 
     @property
@@ -124,49 +115,8 @@ class Pacer(Hosts):
         """The life of a classified read (:class:`ClientRead`): ``async with pacer.read(request) as
         reply`` gives what to give the client, open inside the block. ``connection`` is the
         edge's (aiohttp's ``request.protocol``): its keep-alive timer is let go of while the
-        read is held (:func:`~kuikproxy.runtime.clientread._not_idle`)."""
-        return ClientRead(self, request, connection)
-
-    def serves_stale(self, request: RegistryRequest) -> bool:
-        """Whether ``request`` may be answered stale while its host cannot be asked (§15)."""
-        setting = self.config.registry(request.host).serve_stale
-        check = request.operation is Operation.CHECK
-        return serves_stale(setting, check, request.header(KUIK_RESOURCE) is not None)
-
-    def check_timeout(self, host: str) -> float | None:
-        return self.config.registry(host).check.timeout or None
-
-    def left(self, go: Go, host: str) -> float | None:
-        """What is left of a copy's ``copy.timeout`` (504 at once when nothing is)."""
-        if go.deadline is None:
-            return None
-        left = go.deadline - self.loop.time()
-        if left <= 0:
-            raise UpstreamTimeout(f"{host}: the copy's copy.timeout has run out")
-        return left
-
-    def send_read(
-        self, request: RegistryRequest, timeout: float | None
-    ) -> AbstractAsyncContextManager[Opened]:
-        """The registry request for a read, built once it may go (not while it waits)."""
-        upstream = request.upstream(self.registries.base(request.host), timeout)
-        egress = self.services.egress
-        return egress.send(request.host, upstream, content=content_of(request.image))
-
-    def fleet_of(self, host: str) -> FleetLink | None:
-        """The fleet ``host`` is paced and shared with, if it is (``fleet: shared``)."""
-        # from the config, not the host's state: a request the limits refuse leaves none
-        return self.fleet if self.config.registry(host).fleet == "shared" else None
-
-    async def from_fleet(self, request: RegistryRequest) -> None:
-        """Before a check is admitted: when no answer kept here may serve it, the answers the
-        fleet keeps are kept here too, so that an image another proxy read serves this one's
-        resources as R1 says (read once per lap for the whole fleet)."""
-        fleet = self.fleet_of(request.host)
-        if fleet is None or self.kept.find(request) is not None:
-            return
-        for answer in await fleet.find(request):
-            self.kept.keep(request.host, request.image.key, answer)
+        read is held (:func:`~kuikproxy.runtime.heldread.not_idle`)."""
+        return ClientRead(self.services, self, request, connection)
 
     def reuse(self, request: RegistryRequest) -> Answer | None:
         """A check's kept answer, when :meth:`read` would answer it with that at once (R1),
@@ -180,26 +130,6 @@ class Pacer(Hosts):
             return None
         host = self._hosts.get(request.host)
         return None if host is None else host.reuse(request)
-
-    def admit(self, request: RegistryRequest) -> Admitted:
-        """Answer a paced read at once (a kept answer, or go without a window), or return what
-        to await for its window (:meth:`Host.admit`)."""
-        if request.host not in self._hosts:
-            # a host's first request makes a ring or a copy queue: one the census would refuse
-            # is refused before the host is made, so that it leaves nothing behind
-            checks = request.operation is Operation.CHECK
-            refusal = self.census.refusal(request.resource, int(checks), 0)
-            if refusal is not None:
-                now = self.loop.time()
-                raise self.refused.refusal(refusal.limit, self.limits, now, request.host)
-        return self._host(request.host).admit(request)
-
-    @asynccontextmanager
-    async def upstream(self, request: RegistryRequest) -> AsyncIterator[None]:
-        """Hold ``request``'s host's quota and a seat (:meth:`Budget.seat`) inside the block."""
-        budget = self._host(request.host).budget
-        async with budget.seat(request.image, request.method, request.authorization, request.flow):
-            yield
 
     def signer(self, host: str) -> str | None:
         """The fingerprint of kuikproxy's own credentials for ``host``, if it holds any (R5)."""

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # it is made with the services it uses (spawn)
 
 # told of every window: the host, its series, what it did, and how late it opened (seconds)
 WindowObserver = Callable[[str, Operation, WindowResult, float], None]
+WaitObserver = Callable[[str, Operation, float], None]
 
 
 @dataclass(eq=False, slots=True)
@@ -46,6 +47,8 @@ class Services:
     fleet: FleetLink | None  # the proxies this one shares registries' budgets with, if any
     flights: Flights  # reads in flight, shared (R2)
     observers: list[WindowObserver] = field(default_factory=list)
+    # told how long each held read waited for its window: host, series, seconds
+    waits: list[WaitObserver] = field(default_factory=list)
     cache: PullThrough | None = None  # the pull-through store (§15), if one is configured
     # every task the runtime started, cancelled and awaited at shutdown
     tasks: set[asyncio.Task[None]] = field(default_factory=set)

@@ -22,6 +22,7 @@ from kuikproxy.errors import RegistryError
 from kuikproxy.runtime.budget import Budget
 from kuikproxy.runtime.content import MAX_MANIFEST, verified
 from kuikproxy.runtime.fleet import FleetLink
+from kuikproxy.runtime.fleetreads import from_fleet, landed, reads_once
 from kuikproxy.runtime.messages import Answer, Go, Opened, RegistryRequest
 from kuikproxy.runtime.parking import Parking
 from kuikproxy.runtime.services import Services
@@ -119,8 +120,14 @@ class WindowReader:
                 return given
         services = self.services
         flight = flights.take_off(request)
+        fleet = reads_once(services, request)
+        found: Answer | None = None
         outcome: Answer | RegistryError | None = None
         try:
+            if fleet is not None:
+                found = outcome = await from_fleet(services, fleet, request, timeout)
+                if found is not None:
+                    return found
             seat = self.budget.seat(
                 request.image, request.method, request.authorization, request.flow
             )
@@ -134,6 +141,8 @@ class WindowReader:
             raise
         finally:
             flights.land(flight, outcome)
+            if fleet is not None and found is None:  # read here: the fleet's from now on
+                landed(services, fleet, request, outcome)
 
     async def check_read(self, read: Read) -> None:
         sent, request = self.template(read)

@@ -1,5 +1,5 @@
-"""A parked read is awaited as :class:`~kuikproxy.runtime.clientread._Held`, in no frame of its own:
-however its wait ends, its waiter is unparked once, as the read's coroutine did it (P11)."""
+"""A parked read is awaited as :class:`~kuikproxy.runtime.heldread.HeldRead`, in no frame of its
+own: however its wait ends, its waiter is unparked once, as the read's coroutine did it (P11)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kuikproxy.core.images import Image
-from kuikproxy.runtime.clientread import _Held
+from kuikproxy.runtime.heldread import HeldRead
 from kuikproxy.runtime.messages import Answer, Reply
 from kuikproxy.runtime.proofs import Proofs
 
@@ -24,7 +24,7 @@ class Parking:
         self.unparked.append(cancelled)
 
 
-def held() -> tuple[_Held, Any, Parking, list[tuple[str, str, float]]]:
+def held() -> tuple[HeldRead, Any, Parking, list[tuple[str, str, float]]]:
     loop = asyncio.get_running_loop()
     parking, waits = Parking(loop), []
     request = SimpleNamespace(
@@ -37,11 +37,12 @@ def held() -> tuple[_Held, Any, Parking, list[tuple[str, str, float]]]:
     waiter = SimpleNamespace(
         future=loop.create_future(), parking=parking, request=request, since=loop.time()
     )
-    pacer = SimpleNamespace(
-        waits=[lambda host, op, s: waits.append((host, op, s))], proofs=Proofs(lambda host: 0)
+    services = SimpleNamespace(
+        waits=[lambda host, op, s: waits.append((host, op, s))],
+        flights=SimpleNamespace(proofs=Proofs(lambda host: 0)),
     )
-    read = SimpleNamespace(_pacer=pacer)
-    return _Held(read, waiter), waiter, parking, waits  # type: ignore[arg-type]
+    read = SimpleNamespace(services=services)
+    return HeldRead(read, waiter), waiter, parking, waits  # type: ignore[arg-type]
 
 
 async def test_an_answer_ends_the_wait_and_is_told_to_the_wait_observers() -> None:

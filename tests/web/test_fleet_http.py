@@ -25,7 +25,7 @@ from kuikproxy.config import parse_config
 from kuikproxy.fleet.memory import FleetState, MemoryFleet
 from kuikproxy.web.keys import PACER
 from tests.conftest import HOST, head
-from tests.upstream_app import Registry
+from tests.upstream_app import MANIFEST_TYPE, Registry, digest_of, manifest_of
 
 pytestmark = pytest.mark.looptime
 
@@ -287,3 +287,28 @@ async def test_r5_a_shared_refusal_read_by_one_proxy_is_not_given_to_a_client_wi
     assert signed.status == 404
     assert len(fake.reads()) == 2  # its own read, with its own credentials
     assert fake.reads()[1].headers["authorization"] == ["Basic YWxpY2U6cHc="]
+
+
+async def test_a_manifest_by_digest_two_proxies_windows_read_at_once_is_read_once_for_the_fleet(
+    fleet: Start, registry: tuple[Registry, TestServer]
+) -> None:
+    """Each proxy's copy window takes a GET of one manifest by digest (P9: a window reads it for
+    its queue); the first proxy's read is slow, so the second proxy's window comes while it is
+    in flight and waits for it instead of reading: the registry reads it once for the fleet
+    (R2 across proxies), and both clients get its bytes."""
+    fake, _ = registry
+    proxies = await fleet(2, host="    copy: {interval: 200ms, idle: 0s}\n")
+    body = manifest_of("app", "v1")
+    digest = digest_of(body)
+    fake.delay = 3 * INTERVAL  # the first window's read is still in flight at the next window
+    answers = await asyncio.gather(
+        *(
+            client.get(
+                f"/v2/app/manifests/{digest}?ns={HOST}",
+                headers={"Kuik-Resource": f"node-{n}", "Accept": MANIFEST_TYPE},
+            )
+            for n, client in enumerate(proxies)
+        )
+    )
+    assert [(a.status, await a.read()) for a in answers] == [(200, body)] * 2
+    assert [s.path for s in fake.reads()] == [f"/v2/app/manifests/{digest}"]

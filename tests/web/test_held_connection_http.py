@@ -13,7 +13,7 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from kuikproxy.runtime.clientread import _not_idle
+from kuikproxy.runtime.heldread import not_idle
 from kuikproxy.web.keys import PACER
 from tests.conftest import ProxyFactory, head
 
@@ -63,5 +63,5 @@ def test_a_connection_without_keep_alive_is_left_as_it_is() -> None:
     class Other:
         keep_alive = None  # not a method
 
-    _not_idle(object())
-    _not_idle(Other())
+    not_idle(object())
+    not_idle(Other())
