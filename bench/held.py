@@ -16,9 +16,9 @@ Layout (everything on 127.0.0.1, nothing else is ever contacted):
 
 Figures: the server's VmRSS (``/proc/<pid>/status``) before the connections and once all are
 held (``Pacer.held()``; the baseline counts its parked handlers), as KB per held request; for
-kuikproxy, the lateness of its check windows (``now - window time``, from a ``Pacer.observers``
-callback) over ``--seconds`` while all are held, p50/p99/max; and how long it takes kuikproxy
-to let go of every held request once the client's connections close (P11).
+kuikproxy, the lateness of its check windows (``now - window time``, from the host's recent
+windows, ``Host.history``) over ``--seconds`` while all are held, p50/p99/max; and how long
+it takes kuikproxy to let go of every held request once the client's connections close (P11).
 
 Run: ``/tmp/v/bin/python bench/held.py`` (``--connections 2000 --seconds 3`` for a quick run;
 ``--tracemalloc`` prints where kuikproxy's memory per held request goes, at the cost of speed).
@@ -45,7 +45,7 @@ from aiohttp import web
 
 from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
-from kuikproxy.core.tickets import Operation, WindowResult
+from kuikproxy.core.tickets import Operation
 from kuikproxy.web.keys import PACER
 
 LOOPBACK = "127.0.0.1"
@@ -249,12 +249,19 @@ async def bench_kuikproxy(connections: int, seconds: float, trace: bool) -> Figu
             late: list[float] = []
             outcomes: dict[str, int] = {}
 
-            def observe(host: str, operation: Operation, result: WindowResult, lag: float) -> None:
-                if operation is Operation.CHECK:
-                    late.append(lag * 1000)
-                    outcomes[result.outcome.value] = outcomes.get(result.outcome.value, 0) + 1
-
-            pacer.observers.append(observe)
+            async def windows_for(span: float) -> None:
+                """The check windows of ``span`` seconds from now, read from the host's recent
+                windows every second (it keeps the last 60: six seconds of them here)."""
+                runtime = pacer.runtime_of(HOST)
+                assert runtime is not None
+                since, end = pacer.loop.time(), pacer.loop.time() + span
+                while (left := end - pacer.loop.time()) > 0:
+                    await asyncio.sleep(min(1.0, left))
+                    for at, outcome, lag in runtime.history.recent(Operation.CHECK):
+                        if since < at <= end:
+                            since = at
+                            late.append(lag * 1000)
+                            outcomes[outcome] = outcomes.get(outcome, 0) + 1
 
             async def held_all() -> bool:
                 return pacer.held() >= connections
@@ -277,7 +284,7 @@ async def bench_kuikproxy(connections: int, seconds: float, trace: bool) -> Figu
                     print_trace(snapshot.compare_to(before_snapshot, "traceback"), held)
                 late.clear()
                 outcomes.clear()
-                await asyncio.sleep(seconds)
+                await windows_for(seconds)
                 figures = Figures(rss_before, rss_held, held, connect_s, list(late), dict(outcomes))
             finally:
                 stopping = time.perf_counter()

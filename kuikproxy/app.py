@@ -3,9 +3,9 @@
 Nothing else builds objects of more than one layer: the web edge gets the runtime through
 the application's keys (:mod:`kuikproxy.web.keys`), what observes it gets its own
 (:mod:`kuikproxy.observe.observed`), the runtime gets the registry client, whose answers it
-reads (:mod:`kuikproxy.runtime.egress`), and the forward proxy's refusals, which it counts. The
-runtime still tells its observers of waits, windows and forgotten hosts through the callbacks
-registered here (the metrics' wait histogram, the window log).
+reads (:mod:`kuikproxy.runtime.egress`), and the forward proxy's refusals, which it counts. No
+callback wired here carries a call upward: what the runtime knows (waits, windows, counts) is
+read from its snapshot by what observes it.
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ from aiohttp import web
 
 from kuikproxy.blobs.store import BlobStore
 from kuikproxy.config import Config
-from kuikproxy.core.tickets import Operation
 from kuikproxy.fleet.backend import FleetBackend
 from kuikproxy.forward.front import Forwarding
 from kuikproxy.observe.handlers import routes as observing
 from kuikproxy.observe.metrics import Metrics
 from kuikproxy.observe.observed import OBSERVED, Observed
-from kuikproxy.observe.windowlog import WindowLog
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.runtime.snapshot import snapshot
@@ -110,17 +108,9 @@ class _Lifecycle:
             snapshot=lambda rings: snapshot(pacer, pacer.loop.time(), ring_stats=rings),
             known=pacer.known,
         )
-
-        def waited(host: str, operation: Operation, seconds: float) -> None:
-            metrics.wait.labels(host, operation.value.capitalize()).observe(seconds)
-
-        pacer.waits.append(waited)
-        log = WindowLog()
-        pacer.observers.append(log.observe)
-        pacer.forgetters += [log.forget, metrics.forget]
         reloader = Reloader(self.config_path, app[CURRENT], pacer, metrics.reloaded)
         app[ANSWERED], app[RELOADER] = metrics, reloader
-        app[OBSERVED] = Observed(pacer, metrics, log, lambda: reloader.loaded)
+        app[OBSERVED] = Observed(pacer, metrics, lambda: reloader.loaded)
         if self.config_path is not None:
             self.watches.append(FileWatch(self.config_path, reloader.changed, loop))
             loop.add_signal_handler(signal.SIGHUP, reloader.reload)

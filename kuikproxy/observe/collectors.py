@@ -14,15 +14,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.quota import BucketView, QuotaSnapshot
+from kuikproxy.core.tickets import Operation
 from kuikproxy.runtime.egress import NO_HOST
 from kuikproxy.runtime.fleet import FleetView
 from kuikproxy.runtime.snapshot import ReadStats, RingStat, Snapshot, StoreStats
+from kuikproxy.runtime.waittimes import WAIT_BUCKETS, Buckets
 
 Scraped = Callable[[], Snapshot]
 """The snapshot of the scrape under way."""
@@ -322,6 +329,32 @@ class ReadCollector(_Scraping):
             for labels, count in reads.sent.items():
                 upstream.add_metric(list(labels), count)
         return [shared, registry, upstream]
+
+
+class WaitCollector(_Scraping):
+    """How long held reads waited for their windows (``kuik_proxy_wait_seconds``)."""
+
+    def describe(self) -> list[Metric]:
+        return [self._family({})]
+
+    def collect(self) -> Iterator[Metric]:
+        yield self._family(self._scraped().waits)
+
+    @staticmethod
+    def _family(waits: Mapping[tuple[str, Operation], Buckets]) -> Metric:
+        family = HistogramMetricFamily(
+            "kuik_proxy_wait_seconds",
+            "How long requests were held before their window released them.",
+            labels=["registry", "operation"],
+        )
+        bounds = [*(floatToGoString(b) for b in WAIT_BUCKETS), "+Inf"]  # type: ignore[no-untyped-call]
+        for (host, operation), (counts, total) in waits.items():
+            cumulative, running = [], 0
+            for bound, count in zip(bounds, counts, strict=True):
+                running += count
+                cumulative.append((bound, running))
+            family.add_metric([host, operation.value.capitalize()], cumulative, total)
+        return family
 
 
 class StoreCollector(_Scraping):

@@ -3,7 +3,7 @@
 Two kinds. The pacing state — ring sizes, laps, intervals, window outcomes, waiting requests,
 blocks, priority levels, quota buckets, refusals — is read at scrape time from one
 :class:`~kuikproxy.runtime.snapshot.Snapshot`, never kept twice (the collectors of
-:mod:`kuikproxy.observe.collectors`). Events — requests answered, waits — are
+:mod:`kuikproxy.observe.collectors`). Events the edge sees — requests answered, reloads — are
 counted as they happen (:class:`Metrics`).
 
 Three names are the pacing document's own, so its health query works unchanged::
@@ -27,7 +27,6 @@ from collections.abc import Callable
 from prometheus_client import (
     CollectorRegistry,
     Counter,
-    Histogram,
     disable_created_metrics,
     generate_latest,
 )
@@ -40,13 +39,11 @@ from kuikproxy.observe.collectors import (
     ReadCollector,
     RefusalCollector,
     StoreCollector,
+    WaitCollector,
     ring_families,
 )
 from kuikproxy.runtime.egress import NO_HOST
 from kuikproxy.runtime.snapshot import Snapshot
-
-# waits range from a kept answer (none) through a window (seconds to minutes) to a lap (hours)
-WAIT_BUCKETS = (0.01, 0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600)
 
 RING_SERIES = 20_000
 """Rings with series of their own in one scrape, host by host (what a scrape asks its snapshot
@@ -84,6 +81,7 @@ class Metrics:
             FleetCollector,
             ReadCollector,
             StoreCollector,
+            WaitCollector,
         ):
             self.registry.register(collector(self._scrape))
         self.requests = Counter(
@@ -95,13 +93,6 @@ class Metrics:
         )
         # children by registry label, then the other labels: a host's go with it at once
         self._answered: dict[str, dict[tuple[str, ...], Counter]] = {}
-        self.wait = Histogram(
-            "kuik_proxy_wait_seconds",
-            "How long requests were held before their window released them.",
-            ["registry", "operation"],
-            buckets=WAIT_BUCKETS,
-            registry=self.registry,
-        )
         self.reloads = Counter(
             "kuik_proxy_config_reloads",
             "Config reloads (§7.2) by result: success (applied) or error (refused, the running "
@@ -144,13 +135,12 @@ class Metrics:
         """The ``registry`` label of a request to ``host``: its own while it has series."""
         return host if self._known(host) else NO_HOST
 
-    def forget(self, host: str) -> None:
-        """The host's state was let go of: so are its series, or a proxy that sees
-        a new host under a wildcard every day would grow a series for each for ever."""
-        for answered in self._answered.pop(host, {}):
-            self.requests.remove(host, *answered)
-        for operation in ("Check", "Copy"):
-            self.wait.remove(host, operation)
+    def _forget_gone(self) -> None:
+        """Hosts whose state was let go of since the last scrape lose their series, or a proxy
+        that sees a new host under a wildcard every day would grow a series for each for ever."""
+        for host in [h for h in self._answered if h != NO_HOST and not self._known(h)]:
+            for answered in self._answered.pop(host):
+                self.requests.remove(host, *answered)
 
     def _scrape(self) -> Snapshot:
         """The snapshot of the scrape under way, which the collectors read."""
@@ -163,6 +153,7 @@ class Metrics:
         quarter of a second of prometheus-client, which the loop must never wait for. One
         scrape at a time: the collectors read the snapshot taken for them."""
         async with self._scraping:
+            self._forget_gone()
             self._scraped = self._snapshot(RING_SERIES)
             return await asyncio.to_thread(self._text)
 

@@ -1,5 +1,5 @@
 """What the observing side reads of the application, under one typed key: the runtime, the
-metrics, the recent windows and the config's state — handed over by the composition root, so
+metrics and the config's state — handed over by the composition root, so
 that ``observe`` and the data path (``web``) never import each other."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from typing import Protocol
 from aiohttp import web
 
 from kuikproxy.observe.metrics import Metrics
-from kuikproxy.observe.windowlog import WindowLog
 from kuikproxy.runtime.pacer import Pacer
 
 
@@ -31,7 +30,6 @@ class ConfigState(Protocol):
 class Observed:
     pacer: Pacer
     metrics: Metrics
-    log: WindowLog
     loaded: Callable[[], ConfigState]  # read per request: a reload replaces it
 
 

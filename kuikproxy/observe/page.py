@@ -3,8 +3,8 @@
 The same :class:`~kuikproxy.runtime.snapshot.Snapshot` as ``/status`` and ``/metrics``, drawn as
 HTML (:mod:`kuikproxy.observe.page_rows` draws its parts): per host, both series' next windows,
 counters and the recent window outcomes as a timeline
-(:class:`~kuikproxy.observe.windowlog.WindowLog`); per resource, each ring's place in its lap
-and its last lap against its best case, ``cycleDuration / (images × check.interval)`` (the
+(:class:`~kuikproxy.runtime.windowhistory.WindowHistory`); per resource, each ring's place in its
+lap and its last lap against its best case, ``cycleDuration / (images × check.interval)`` (the
 pacing document's "Watching the pace" ratio). Nothing here computes pacing: the only figure not
 in a host's view is the cursor's place in its ring, which the snapshot takes for the page.
 
@@ -60,7 +60,7 @@ async def status_page(request: web.Request) -> web.StreamResponse:
         hosts=wanted,
         quotas=False,  # the page shows none
         progress=POSITION_BUDGET,
-        log=observed.log,
+        recent=True,
     )
     return web.Response(
         text=render(snap, cards),

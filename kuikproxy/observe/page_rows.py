@@ -107,7 +107,7 @@ def _counts(windows: dict[str, int]) -> str:
 
 
 def on_grid(
-    series: SeriesView, logged: list[tuple[float, str]], slots: int
+    series: SeriesView, logged: list[tuple[float, str, float]], slots: int
 ) -> list[tuple[float, str]]:
     """The last ``slots`` windows of a series up to its latest, on its grid (P1): each with its
     logged outcome, or idle when none was logged — a series with nothing due sleeps and fires
@@ -115,7 +115,7 @@ def on_grid(
     (a restart, P12) are not on this one."""
     origin, interval = series.origin, series.interval
     outcomes = {}
-    for at, outcome in logged:
+    for at, outcome, _ in logged:
         k = (at - origin) / interval
         if abs(k - round(k)) < 1e-6:
             outcomes[round(k)] = outcome
@@ -160,7 +160,7 @@ def _series(
     series: SeriesView,
     facts: list[tuple[str, str]],
     state: tuple[str, str],
-    windows: list[tuple[float, str]],
+    windows: list[tuple[float, str, float]],
 ) -> str:
     state_class, state_text = state
     rows = "".join(f'<span class="fact"><span class="k">{k}</span> {v}</span>' for k, v in facts)

@@ -46,7 +46,7 @@ class HeldRead(Generator[Any, None, Reply]):
     """A parked read, awaited as its waiter's future in no coroutine frame of its own (a held
     request pays for every frame it sits in): ``await`` drives it as it would the future, and
     what a read's coroutine would do around its wait is done here — the waiter unparked however
-    the wait ends (P11), the wait told to ``Services.waits``, a read released to go upstream
+    the wait ends (P11), the wait counted in ``Services.waits``, a read released to go upstream
     continued as the read's :meth:`~Continued.go_upstream`."""
 
     __slots__ = ("_read", "_then", "_wait", "_waiter")
@@ -76,8 +76,8 @@ class HeldRead(Generator[Any, None, Reply]):
         waiter = self._unpark(cancelled=False)
         request = waiter.request
         services = self._read.services
-        for waited in services.waits:
-            waited(request.host, request.operation, waiter.parking.loop.time() - waiter.since)
+        waited = waiter.parking.loop.time() - waiter.since
+        services.waits.observe(request.host, request.operation, waited)
         if isinstance(outcome, Answer):
             prove(services.flights.proofs, request, outcome)
             raise StopIteration(Reply(answer=outcome))

@@ -26,6 +26,7 @@ from kuikproxy.runtime.parking import Parking, Waiter
 from kuikproxy.runtime.refusals import Refusals
 from kuikproxy.runtime.series import SeriesTimers
 from kuikproxy.runtime.services import Services
+from kuikproxy.runtime.windowhistory import WindowHistory
 from kuikproxy.runtime.windowreads import WindowReader
 
 # What admission hands the read: an answer now, a go now, or a place to wait for its window.
@@ -49,8 +50,8 @@ def pacing_of(settings: RegistrySettings, config: Config) -> HostPacing:
 
 class Host:
     __slots__ = (
-        "_refused", "budget", "name", "parking", "reader", "scheduler", "services", "settings",
-        "timers",
+        "_refused", "budget", "history", "name", "parking", "reader", "scheduler", "services",
+        "settings", "timers",
     )  # fmt: skip
 
     def __init__(self, services: Services, host: str, origin: float, now: float) -> None:
@@ -75,6 +76,7 @@ class Host:
             services=services,
             settings=self.settings,
         )
+        self.history = WindowHistory()  # its recent windows, for the status page
         self.timers = SeriesTimers(host, s, services, self)
         self.share(services.fleet if self.settings.fleet == "shared" else None)
         self.schedule_sweep(now)

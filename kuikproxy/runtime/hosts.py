@@ -10,7 +10,7 @@ admission and its host's quota and seat (:class:`~kuikproxy.runtime.clientread.C
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator
 from contextlib import asynccontextmanager
 
 from kuikproxy.config import Config
@@ -50,8 +50,6 @@ class Hosts:
     def _keep_hosts(self) -> None:
         """Start with no host state but the configured, paced hosts'."""
         self.closed = False  # shutting down: every read is refused from now on
-        # told the name of each host whose state is let go of (forgotten, or no longer paced)
-        self.forgetters: list[Callable[[str], None]] = []
         self.refused = Refusals(None)  # refusals no host's state answers for (maxHosts)
         # others' refusals of no host's, counted with those (the forward proxy's front)
         self.refused_also: list[RefusalLog] = []
@@ -129,7 +127,7 @@ class Hosts:
 
     def forget(self, name: str) -> None:
         """Let go of an idle host's state: what it held is unused since a retention,
-        so it costs nothing to make again; its refusal counts and window log go with it."""
+        so it costs nothing to make again; its refusal counts and recent windows go with it."""
         host = self._hosts.pop(name)
         self._extra.discard(name)
         host.close(None)  # nothing is held: its timers only
@@ -139,13 +137,12 @@ class Hosts:
 
     def _let_go(self, name: str, host: Host) -> None:
         """What every host whose state is dropped goes through (forgotten, or no longer
-        paced): its resources and images leave the census, it is swept no more, and the
-        forgetters hear of it."""
+        paced): its resources and images leave the census, it is swept no more, and its counts
+        (requests sent, waits) go with it."""
         host.scheduler.forget()
         self.sweeps.drop(name)
         self.services.egress.forget(name)
-        for forgotten in self.forgetters:
-            forgotten(name)
+        self.services.waits.forget(name)
 
     def _reconfigure_hosts(self, config: Config, now: float) -> None:
         """Hosts still paced take their new settings (:meth:`Host.reconfigure`); a host newly

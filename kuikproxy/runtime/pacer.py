@@ -91,10 +91,7 @@ class Pacer(Hosts):
         self.registries, self.kept, self.census, self.sweeps = (
             registries, s.kept, s.census, s.sweeps
         )  # fmt: skip
-        self.durable, self.fleet, self.observers, self.tasks = (
-            durable, s.fleet, s.observers, s.tasks
-        )  # fmt: skip
-        self.waits = s.waits
+        self.durable, self.fleet, self.tasks = durable, s.fleet, s.tasks
         # the pull-through store (§15), if one is configured
         self.cache = None if store is None else PullThrough(store, self.proofs, s.spawn)
         s.cache = self.cache

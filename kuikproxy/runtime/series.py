@@ -19,6 +19,7 @@ from kuikproxy.core.tickets import Operation, WindowResult
 from kuikproxy.core.windows import Outcome, Series
 from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.services import Services
+from kuikproxy.runtime.windowhistory import WindowHistory
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,10 @@ class Owner(Protocol):
 
     def block(self, until: float) -> None:
         """Put a block the fleet knows of on the host."""
+
+    @property
+    def history(self) -> WindowHistory:
+        """Where its windows are written down (the status page's timeline)."""
 
 
 class SeriesTimers:
@@ -162,8 +167,7 @@ class SeriesTimers:
         self.owner.opened(operation, result)
 
     def observe(self, operation: Operation, result: WindowResult, now: float) -> None:
-        for observe in self.services.observers:
-            observe(self.name, operation, result, now - result.at)
+        self.owner.history.record(operation, result, now - result.at)
         log.debug(
             "%s %s window: %s (%.1f ms late)",
             self.name, operation, result.outcome, (now - result.at) * 1000,

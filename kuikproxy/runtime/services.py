@@ -3,19 +3,18 @@
 A host's parts (:mod:`~kuikproxy.runtime.host` and what it is made of) see the process through
 this one object: the loop, the config and flow control in force, the registries and the way
 out to them, the kept answers, the census, the sweeps, the state file, the fleet and the
-window observers — nothing of the pacer itself.
+wait times — nothing of the pacer itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kuikproxy.config import Config
 from kuikproxy.core.limits import Census
-from kuikproxy.core.tickets import Operation, WindowResult
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.egress import Egress
 from kuikproxy.runtime.fleet import FleetLink
@@ -23,14 +22,11 @@ from kuikproxy.runtime.flights import Flights
 from kuikproxy.runtime.flowgate import FlowGate
 from kuikproxy.runtime.kept import KeptAnswers
 from kuikproxy.runtime.sweeps import Sweeps
+from kuikproxy.runtime.waittimes import WaitTimes
 from kuikproxy.upstream.registries import Registries
 
 if TYPE_CHECKING:  # it is made with the services it uses (spawn)
     from kuikproxy.runtime.pullthrough import PullThrough
-
-# told of every window: the host, its series, what it did, and how late it opened (seconds)
-WindowObserver = Callable[[str, Operation, WindowResult, float], None]
-WaitObserver = Callable[[str, Operation, float], None]
 
 
 @dataclass(eq=False, slots=True)
@@ -46,9 +42,8 @@ class Services:
     durable: Durable | None  # where the pacing state survives restarts (P13), if anywhere
     fleet: FleetLink | None  # the proxies this one shares registries' budgets with, if any
     flights: Flights  # reads in flight, shared (R2)
-    observers: list[WindowObserver] = field(default_factory=list)
-    # told how long each held read waited for its window: host, series, seconds
-    waits: list[WaitObserver] = field(default_factory=list)
+    # how long held reads waited for their windows (kuik_proxy_wait_seconds)
+    waits: WaitTimes = field(default_factory=WaitTimes)
     cache: PullThrough | None = None  # the pull-through store (§15), if one is configured
     # every task the runtime started, cancelled and awaited at shutdown
     tasks: set[asyncio.Task[None]] = field(default_factory=set)

@@ -6,7 +6,7 @@ the four views of kuikproxy — ``/status``, ``kuikproxy status`` (which renders
 ``/metrics`` and ``/`` — can never disagree on what they read, nor read it twice. What is costly
 to read is read only when asked for: the rings and copy queues of ``resources``, the hosts of
 ``hosts``, the quotas, the rings' series of a scrape, the cursors' places of the page, the
-window log — so that each view costs what it shows, not what the proxy holds.
+recent windows — so that each view costs what it shows, not what the proxy holds.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Protocol
 
 from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.quota import QuotaSnapshot
@@ -23,6 +22,7 @@ from kuikproxy.core.tickets import Operation
 from kuikproxy.core.views import HostView
 from kuikproxy.runtime.fleet import FleetView
 from kuikproxy.runtime.pacer import Pacer
+from kuikproxy.runtime.waittimes import Buckets
 
 RingStat = tuple[str, int, float | None]
 """A ring as a scrape reads it: (resource, images, cycleDuration)."""
@@ -84,13 +84,9 @@ class Snapshot:
     reads: ReadStats
     ring_stats: list[tuple[str, list[RingStat]]]  # host → its rings, for a scrape
     progress: dict[tuple[str, str], tuple[int | None, int]]  # (host, resource) → (place, waiting)
-    recent: dict[tuple[str, Operation], list[tuple[float, str]]]  # the viewed hosts' windows
-
-
-class RecentWindows(Protocol):
-    """The recent outcomes of a series' windows, oldest first (the status page's timeline)."""
-
-    def recent(self, host: str, operation: Operation) -> list[tuple[float, str]]: ...
+    # the viewed hosts' recent windows: time, outcome, seconds late (with ``recent``)
+    recent: dict[tuple[str, Operation], list[tuple[float, str, float]]]
+    waits: dict[tuple[str, Operation], Buckets]  # held reads' waits, by host and series
 
 
 def snapshot(
@@ -102,14 +98,14 @@ def snapshot(
     quotas: bool = True,
     ring_stats: int = 0,
     progress: int = 0,
-    log: RecentWindows | None = None,
+    recent: bool = False,
 ) -> Snapshot:
     """The runtime at ``now``: the views of ``hosts`` (None: every host), each with the rings
     and copy queues of ``resources`` only; every host's quota unless ``quotas`` is False; the
     first ``ring_stats`` rings' sizes and laps, host by host (a scrape's per-ring series); with
     ``progress``, the cursor's place in each ring viewed, counting no more than that many
-    images of hold rings in all (past it a ring has no place); with ``log``, the recent windows
-    of the hosts viewed."""
+    images of hold rings in all (past it a ring has no place); with ``recent``, the recent
+    windows of the hosts viewed."""
     views = pacer.views(now, resources, hosts)
     # the schedulers' map only where it is needed: it costs a sort of every host
     schedulers = pacer.hosts if hosts is not None or progress else {}
@@ -136,7 +132,8 @@ def snapshot(
         ),
         ring_stats=_ring_stats(pacer, ring_stats),
         progress=_progress(views, schedulers, progress),
-        recent={} if log is None else _recent(log, views),
+        recent=_recent(pacer, views) if recent else {},
+        waits=pacer.services.waits.copy(),
     )
 
 
@@ -193,10 +190,12 @@ def _progress(
 
 
 def _recent(
-    log: RecentWindows, views: dict[str, HostView]
-) -> dict[tuple[str, Operation], list[tuple[float, str]]]:
-    return {
-        (host, operation): log.recent(host, operation)
-        for host in views
-        for operation in (Operation.CHECK, Operation.COPY)
-    }
+    pacer: Pacer, views: dict[str, HostView]
+) -> dict[tuple[str, Operation], list[tuple[float, str, float]]]:
+    recent = {}
+    for host in views:
+        runtime = pacer.runtime_of(host)
+        if runtime is not None:
+            for operation in (Operation.CHECK, Operation.COPY):
+                recent[(host, operation)] = runtime.history.recent(operation)
+    return recent

@@ -38,14 +38,14 @@ def held() -> tuple[HeldRead, Any, Parking, list[tuple[str, str, float]]]:
         future=loop.create_future(), parking=parking, request=request, since=loop.time()
     )
     services = SimpleNamespace(
-        waits=[lambda host, op, s: waits.append((host, op, s))],
+        waits=SimpleNamespace(observe=lambda host, op, s: waits.append((host, op, s))),
         flights=SimpleNamespace(proofs=Proofs(lambda host: 0)),
     )
     read = SimpleNamespace(services=services)
     return HeldRead(read, waiter), waiter, parking, waits  # type: ignore[arg-type]
 
 
-async def test_an_answer_ends_the_wait_and_is_told_to_the_wait_observers() -> None:
+async def test_an_answer_ends_the_wait_and_the_wait_is_counted() -> None:
     awaitable, waiter, parking, waits = held()
     answer = Answer(200, (), b"", "HEAD", 0.0, None)
     asyncio.get_running_loop().call_soon(waiter.future.set_result, answer)
