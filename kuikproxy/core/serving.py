@@ -8,7 +8,7 @@ questions asked of them, so the rules hold whatever the runtime's request type i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from kuikproxy.core.tickets import Operation, Read, Ticket
@@ -24,11 +24,12 @@ class Sent(Protocol):
 R = TypeVar("R", bound=Sent)
 
 
-def group(read: Read, pending: Callable[[Ticket], bool]) -> list[Ticket]:
+def group(read: Read, pending: Container[Ticket]) -> list[Ticket]:
     """The tickets of ``read`` still ``pending`` (a client waits, or its ask stands, P11) that
-    could stand in for its leader: those with the leader's credentials (R5)."""
+    could stand in for its leader: those with the leader's credentials (R5). ``pending`` is a
+    value the runtime made, not a question back to it: the core calls nothing above it."""
     auth = read.leader.auth if read.leader is not None else None
-    return [t for t in read.tickets if t.auth == auth and pending(t)]
+    return [t for t in read.tickets if t.auth == auth and t in pending]
 
 
 def sender(read: Read, requests: Mapping[Ticket, R]) -> tuple[Ticket, bool] | None:

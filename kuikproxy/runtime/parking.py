@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 from kuikproxy.core.flowcontrol import Place
 from kuikproxy.core.scheduler import HostScheduler
-from kuikproxy.core.tickets import Ticket
+from kuikproxy.core.tickets import Read, Ticket
 from kuikproxy.errors import RegistryError
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
 
@@ -73,8 +73,9 @@ class Parking:
             return waiter.request
         return self.standing.get(ticket)
 
-    def pending(self, ticket: Ticket) -> bool:
-        return self.request_of(ticket) is not None
+    def pending_of(self, read: Read) -> set[Ticket]:
+        """The tickets of ``read`` whose clients still wait, or whose asks stand (P11)."""
+        return {t for t in read.tickets if self.request_of(t) is not None}
 
     def resolve(self, tickets: list[Ticket], outcome: Answer | Go | RegistryError) -> None:
         for ticket in tickets:

@@ -77,8 +77,9 @@ class WindowReader:
         left (P11: not read)."""
         if read.leader is None:  # a prefetch read: kuikproxy's own, shared by everyone
             return None, self.prefetch(read)
-        request_of = self.parking.request_of
-        requests = {t: r for t in group(read, self.parking.pending) if (r := request_of(t))}
+        parking = self.parking
+        pending = group(read, parking.pending_of(read))
+        requests = {t: r for t in pending if (r := parking.request_of(t))}
         chosen = sender(read, requests)
         if chosen is None:
             return None, None
@@ -160,7 +161,7 @@ class WindowReader:
             if answer is None:
                 answer = await self.fetch(request, read.at, timeout)
         except RegistryError as error:
-            served = group(read, self.parking.pending)
+            served = group(read, self.parking.pending_of(read))
             self.parking.resolve(served, error)
         else:
             kept = is_kept_status(answer.status)
@@ -207,7 +208,7 @@ class WindowReader:
         try:
             answer = await self.fetch(request, read.at, timeout)
         except RegistryError as error:
-            failed = group(read, self.parking.pending)
+            failed = group(read, self.parking.pending_of(read))
             self.parking.resolve(failed, error)  # the others go themselves, with their own
             return failed
         if is_kept_status(answer.status):
