@@ -29,7 +29,6 @@ from kuikproxy.errors import (
 )
 from kuikproxy.runtime.content import mismatch
 from kuikproxy.runtime.fanout import FanOut, Follower
-from kuikproxy.runtime.fleetreads import fleet_of, from_fleet, landed, reads_once
 from kuikproxy.runtime.flights import Flight, Outcome
 from kuikproxy.runtime.heldread import HeldRead, not_idle, prove
 from kuikproxy.runtime.host import Admitted
@@ -46,6 +45,7 @@ from kuikproxy.runtime.messages import (
 from kuikproxy.runtime.parking import Waiter
 from kuikproxy.runtime.pullthrough import PullThrough, stored_by_digest
 from kuikproxy.runtime.services import Services
+from kuikproxy.runtime.trips import Trip, fleet_of
 from kuikproxy.runtime.windowreads import whole
 
 
@@ -299,26 +299,13 @@ class ClientRead:
             if reply is not None:
                 return reply
         self._timeout = timeout
-        flight = flights.take_off(request)
-        fleet = reads_once(services, request)
-        found: Answer | None = None
-        outcome: Outcome = None
-        try:
-            if fleet is not None:
-                found = await from_fleet(services, fleet, request, timeout)
-                if found is not None:
-                    prove(services.flights.proofs, request, found)
-                    outcome = found
-                    return Reply(answer=found)
+        async with Trip(services, request, timeout) as trip:
+            if trip.found is not None:
+                prove(services.flights.proofs, request, trip.found)
+                return Reply(answer=trip.found)
+            assert trip.flight is not None
             opened = await self._open(timeout, seated=seated)
-            reply, outcome = await self._landing(opened, flight)
-        except RegistryError as error:
-            outcome = error
-            raise
-        finally:
-            flights.land(flight, outcome)
-            if fleet is not None and found is None:  # read here: the fleet's from now on
-                landed(services, fleet, request, outcome)
+            reply, trip.outcome = await self._landing(opened, trip.flight)
         return reply
 
     def _follow(self, given: Outcome) -> Reply | None:

@@ -22,10 +22,10 @@ from kuikproxy.errors import RegistryError
 from kuikproxy.runtime.budget import Budget
 from kuikproxy.runtime.content import MAX_MANIFEST, verified
 from kuikproxy.runtime.fleet import FleetLink
-from kuikproxy.runtime.fleetreads import from_fleet, landed, reads_once
 from kuikproxy.runtime.messages import Answer, Go, Opened, RegistryRequest
 from kuikproxy.runtime.parking import Parking
 from kuikproxy.runtime.services import Services
+from kuikproxy.runtime.trips import Trip
 
 log = logging.getLogger(__name__)
 
@@ -120,30 +120,17 @@ class WindowReader:
                     raise given
                 return given
         services = self.services
-        flight = flights.take_off(request)
-        fleet = reads_once(services, request)
-        found: Answer | None = None
-        outcome: Answer | RegistryError | None = None
-        try:
-            if fleet is not None:
-                found = outcome = await from_fleet(services, fleet, request, timeout)
-                if found is not None:
-                    return found
+        async with Trip(services, request, timeout) as trip:
+            if trip.found is not None:
+                return trip.found
             seat = self.budget.seat(
                 request.image, request.method, request.authorization, request.flow
             )
             async with seat:
                 upstream = request.upstream(services.registries.base(self.name), timeout)
                 async with services.egress.send(self.name, upstream) as response:
-                    outcome = await whole(request, response, at)
-                    return outcome
-        except RegistryError as error:
-            outcome = error
-            raise
-        finally:
-            flights.land(flight, outcome)
-            if fleet is not None and found is None:  # read here: the fleet's from now on
-                landed(services, fleet, request, outcome)
+                    answer = trip.outcome = await whole(request, response, at)
+                    return answer
 
     async def check_read(self, read: Read) -> None:
         sent, request = self.template(read)
