@@ -248,6 +248,7 @@ from bench.proxy import (  # noqa: E402
     push_big_blob,
     serve_kuikproxy,
 )
+from bench.store import file_digest  # noqa: E402
 from tests.e2e.peers import (  # noqa: E402
     LOOPBACK,
     clean_env,
@@ -441,14 +442,6 @@ def burst(clients: list[Client]) -> float:
     for client in clients:
         client.detach()
     return t0
-
-
-def file_digest(path: Path) -> str:
-    sha = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(4 * MiB):
-            sha.update(chunk)
-    return "sha256:" + sha.hexdigest()
 
 
 # --- scenarios ------------------------------------------------------------------------------
