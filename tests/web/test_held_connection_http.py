@@ -59,9 +59,23 @@ async def test_a_request_answered_at_once_leaves_the_keepalive_timer_alone(
     assert connection._keepalive_handle is timer
 
 
-def test_a_connection_without_keep_alive_is_left_as_it_is() -> None:
+def test_only_a_connection_with_keep_alive_is_told_it_is_not_idle() -> None:
+    """``not_idle`` asks a connection that has ``keep_alive`` to stay alive (aiohttp's), and
+    leaves any other as it is (a test's, another server's): nothing set, nothing raised."""
+
+    class Told:
+        def __init__(self) -> None:
+            self.told: list[bool] = []
+
+        def keep_alive(self, value: bool) -> None:
+            self.told.append(value)
+
     class Other:
         keep_alive = None  # not a method
 
+    told, other = Told(), Other()
+    not_idle(told)
+    not_idle(other)
     not_idle(object())
-    not_idle(Other())
+    assert told.told == [True]
+    assert other.keep_alive is None
