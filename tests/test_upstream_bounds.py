@@ -36,5 +36,6 @@ async def test_tls_contexts_and_signers_do_not_grow_with_hosts() -> None:
     for n in range(5000):
         assert registries.tls(f"h{n}.example") is True
         assert registries.signer(f"h{n}.example") is None
-    assert registries._tls == {} and len(registries._signers) <= MAX_SIGNERS
+    tls, signers = registries.kept_per_host()
+    assert tls == 0 and signers <= MAX_SIGNERS
     await transport.close()

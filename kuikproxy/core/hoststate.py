@@ -107,6 +107,25 @@ class HostState:
         """Every ring on this host, by resource (read only)."""
         return MappingProxyType(self._rings)
 
+    # the rest of what a decision may change, for inspection (the property tests compare
+    # two ways to one decision by it); nothing outside the core changes them
+
+    @property
+    def check_tickets(self) -> Waiting:
+        return self._check_tickets
+
+    @property
+    def follow_ups(self) -> TimedMap[tuple[str, str], tuple[str | None, bool]]:
+        return self._follow_ups
+
+    @property
+    def census(self) -> Census:
+        return self._census
+
+    @property
+    def shared_reads(self) -> SharedReads:
+        return self._shared_reads
+
     def reconfigure(self, pacing: HostPacing, now: float) -> None:
         """Apply new settings in place: a changed interval restarts its series only."""
         if pacing.check_interval != self.pacing.check_interval:

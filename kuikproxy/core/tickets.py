@@ -49,6 +49,10 @@ class Waiting:
     def __bool__(self) -> bool:
         return bool(self._by_key)
 
+    def images(self) -> list[str]:
+        """The keys of the images with waiting tickets."""
+        return list(self._by_key)
+
     def add(self, ticket: Ticket) -> None:
         key = ticket.image.key
         found = self._by_key.get(key)

@@ -24,6 +24,10 @@ class TimedMap(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def held(self) -> list[K]:
+        """Every key it holds, lapsed or not (until pruned)."""
+        return list(self._entries)
+
     def put(self, key: K, value: V, until: float) -> None:
         self._entries[key] = (until, value)
         self._order.append((until, key))

@@ -128,6 +128,11 @@ class Registries:
         if self._guard is not None:
             self._guard.configure(trusted_endpoints(config))
 
+    def kept_per_host(self) -> tuple[int, int]:
+        """How many TLS contexts and signers' fingerprints it keeps (bounded: hosts under a
+        wildcard come and go)."""
+        return len(self._tls), len(self._signers)
+
     def base(self, host: str) -> URL:
         return URL(self._config.registry(host).upstream_url(host))
 

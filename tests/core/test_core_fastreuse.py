@@ -50,12 +50,12 @@ def state(t: Timeline, now: float) -> tuple[Any, ...]:
     follow-up grants, the census, the last request, the views."""
     s = t.sched
     rings = {r: ring.export() for r, ring in sorted(s.rings.items())}
-    tickets = s._check_tickets
+    tickets = s.check_tickets
     waiting = {
-        k: sorted((x.resource, x.auth or "") for x in tickets.of(k)) for k in tickets._by_key
+        k: sorted((x.resource, x.auth or "") for x in tickets.of(k)) for k in tickets.images()
     }
-    grants = sorted((k, s._follow_ups.get(k, now)) for k in s._follow_ups._entries)
-    return (rings, waiting, grants, s._census.images, len(s._census._hosts), s.last_request,
+    grants = sorted((k, s.follow_ups.get(k, now)) for k in s.follow_ups.held())
+    return (rings, waiting, grants, s.census.images, len(s.census), s.last_request,
             s.view(now))  # fmt: skip
 
 

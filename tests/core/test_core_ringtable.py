@@ -167,7 +167,7 @@ def test_reads_made_while_a_host_held_decide_as_logged_ones_once_it_prefetches()
         t.sched.join("B", keys, 0.0)  # tracks every image, waits for none
         t.ask_all("A", keys[:10], 0.0)
         t.run(10)
-        logged = len(t.sched._shared_reads.since(-1.0, 10.0)[0])
+        logged = len(t.sched.shared_reads.since(-1.0, 10.0)[0])
         t.sched.reconfigure(dataclasses.replace(t.sched.pacing, prefetch=True), 11.0)
         t.run(40)
         return t.read_keys(), logged
