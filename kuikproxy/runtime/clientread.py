@@ -33,6 +33,7 @@ from kuikproxy.runtime.flights import Flight, Outcome
 from kuikproxy.runtime.heldread import HeldRead, not_idle, prove
 from kuikproxy.runtime.host import Admitted
 from kuikproxy.runtime.hosts import Hosts
+from kuikproxy.runtime.kept import Unserved
 from kuikproxy.runtime.messages import (
     KUIK_RESOURCE,
     Answer,
@@ -105,14 +106,15 @@ class ClientRead:
     def services(self) -> Services:
         return self._services
 
-    def admit_now(self) -> Waiter | bool:
+    def admit_now(self, unserved: Unserved | None = None) -> Waiter | bool:
         """Admission decided now, before the read is entered, when nothing in it is awaited (no
         pull-through store, no fleet to ask, a paced read on no ``Exempt`` level): entering then
         carries out that decision. The edge's server does this for a request it has just
         parsed, so that one that waits for its window is parked before any handler, task or
         request object is made for it. Returns the waiter to watch if it was parked, True if
         decided otherwise (answered, released, or refused), False if not decided (entering
-        decides, as it always does)."""
+        decides, as it always does). ``unserved``: what the fast path's look-up of a kept
+        answer found (:meth:`Pacer.reuse`), not looked up again."""
         services, request = self._services, self._request
         if (
             self._hosts.closed
@@ -123,7 +125,7 @@ class ClientRead:
         ):
             return False
         try:
-            early = self._early = self._hosts.admit(request)
+            early = self._early = self._hosts.admit(request, unserved)
         except RegistryError as refused:  # raised when entered, as entering would have
             # without its traceback, whose frames (this one holds the read) it would otherwise
             # keep until raised again

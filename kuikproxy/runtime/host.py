@@ -21,6 +21,7 @@ from kuikproxy.core.tickets import Hold, Operation, Pass, Reuse, Ticket, WindowR
 from kuikproxy.errors import RegistryError, TooManyRequests
 from kuikproxy.runtime.budget import Budget
 from kuikproxy.runtime.fleet import FleetLink
+from kuikproxy.runtime.kept import Unserved
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
 from kuikproxy.runtime.parking import Parking, Waiter
 from kuikproxy.runtime.refusals import Refusals
@@ -178,11 +179,13 @@ class Host:
 
     # -- admission ------------------------------------------------------------------------
 
-    def admit(self, request: RegistryRequest) -> Admitted:
+    def admit(self, request: RegistryRequest, unserved: Unserved | None = None) -> Admitted:
+        """``unserved``: what :meth:`reuse` found for this request just before (not looked up
+        again)."""
         now = self.services.loop.time()
         s, kept = self.scheduler, self.services.kept
         if request.operation is Operation.CHECK:
-            answer = kept.find(request)
+            answer = kept.find(request) if unserved is None else unserved.found
             decision = s.check(
                 request.resource,
                 request.image,
@@ -218,16 +221,17 @@ class Host:
         expire_at = ticket.since + max_hold if expires else None
         return self.parking.park(ticket, request, place, expire_at, self.held_too_long)
 
-    def reuse(self, request: RegistryRequest) -> Answer | None:
+    def reuse(self, request: RegistryRequest) -> Answer | Unserved:
         """The kept answer that :meth:`admit` would answer a check with now, admitted as it
-        would be (R1); None, and nothing changed, when admission would decide anything else."""
+        would be (R1); else :class:`Unserved` with what the look-up found, and nothing changed,
+        when admission would decide anything else."""
         kept = self.services.kept
         answer = kept.find(request)
         if answer is None:
-            return None
+            return Unserved(None)
         now = self.services.loop.time()
         if not self.scheduler.reuse(request.resource, request.image, now, answer.read_at):
-            return None
+            return Unserved(answer)
         kept.count(hit=True)
         self.admitted(Operation.CHECK, now)
         return answer

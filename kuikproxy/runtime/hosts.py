@@ -23,6 +23,7 @@ from kuikproxy.core.views import HostView
 from kuikproxy.errors import Denied, RefusalLog, RegistryError
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.host import Admitted, Host
+from kuikproxy.runtime.kept import Unserved
 from kuikproxy.runtime.messages import RegistryRequest
 from kuikproxy.runtime.refusals import Refusals
 from kuikproxy.runtime.services import Services
@@ -64,9 +65,10 @@ class Hosts:
     def limits(self) -> Limits:
         return self.census.limits
 
-    def admit(self, request: RegistryRequest) -> Admitted:
+    def admit(self, request: RegistryRequest, unserved: Unserved | None = None) -> Admitted:
         """Answer a paced read at once (a kept answer, or go without a window), or return what
-        to await for its window (:meth:`Host.admit`)."""
+        to await for its window (:meth:`Host.admit`; ``unserved``: what :meth:`Host.reuse`
+        found for it just before)."""
         if request.host not in self._hosts:
             # a host's first request makes a ring or a copy queue: one the census would refuse
             # is refused before the host is made, so that it leaves nothing behind
@@ -75,7 +77,7 @@ class Hosts:
             if refusal is not None:
                 now = self.loop.time()
                 raise self.refused.refusal(refusal.limit, self.limits, now, request.host)
-        return self._host(request.host).admit(request)
+        return self._host(request.host).admit(request, unserved)
 
     @asynccontextmanager
     async def upstream(self, request: RegistryRequest) -> AsyncIterator[None]:

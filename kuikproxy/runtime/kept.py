@@ -9,11 +9,20 @@ fresh enough for that resource is the scheduler's question (R1), asked with its 
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from kuikproxy.core.reuse import owners_serving
 from kuikproxy.runtime.messages import Answer, RegistryRequest
 
 _Key = tuple[str, str, str, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Unserved:
+    """A check the kept answers did not serve at once (R1), with what the look-up found: its
+    admission uses that instead of looking again (one look-up per request)."""
+
+    found: Answer | None
 
 
 class KeptAnswers:

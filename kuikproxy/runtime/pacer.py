@@ -33,7 +33,7 @@ from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.flights import Flights
 from kuikproxy.runtime.flowgate import FlowGate
 from kuikproxy.runtime.hosts import Hosts, limits_of
-from kuikproxy.runtime.kept import KeptAnswers
+from kuikproxy.runtime.kept import KeptAnswers, Unserved
 from kuikproxy.runtime.messages import (
     Answer,
     Headers,
@@ -115,12 +115,13 @@ class Pacer(Hosts):
         read is held (:func:`~kuikproxy.runtime.heldread.not_idle`)."""
         return ClientRead(self.services, self, request, connection)
 
-    def reuse(self, request: RegistryRequest) -> Answer | None:
+    def reuse(self, request: RegistryRequest) -> Answer | Unserved | None:
         """A check's kept answer, when :meth:`read` would answer it with that at once (R1),
-        admitted as it would be; None, and nothing changed, for any other outcome — the
-        fast path of kept answers (:mod:`kuikproxy.web.fastpath`), which goes the long way
-        then. Only what :meth:`read` does before admission without awaiting is allowed here:
-        no pull-through store (it may serve from disk), no read exempt from pacing."""
+        admitted as it would be; for any other outcome nothing changed, and :class:`Unserved`
+        (what the look-up found, for its admission: :meth:`ClientRead.admit_now`) or None (not
+        looked up) — the fast path of kept answers (:mod:`kuikproxy.web.fastpath`). Only what
+        :meth:`read` does before admission without awaiting is allowed here: no pull-through
+        store (it may serve from disk), no read exempt from pacing."""
         if self.closed or self.cache is not None or not request.paced:
             return None
         if request.operation is not Operation.CHECK or request.gate.paced_exempt:

@@ -40,7 +40,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from kuikproxy.errors import RegistryError
 from kuikproxy.runtime.clientread import ClientRead
-from kuikproxy.runtime.messages import RegistryRequest
+from kuikproxy.runtime.messages import Answer, RegistryRequest
 from kuikproxy.runtime.parking import Waiter
 from kuikproxy.web.classify import classify
 from kuikproxy.web.keys import ANSWERED, CURRENT, PACER
@@ -302,10 +302,10 @@ class AsParsed:
         )  # fmt: skip
         answer = pacer.reuse(read) if method == "HEAD" else None
         ns = target.host if target.by_ns else None
-        if answer is None:
+        if not isinstance(answer, Answer):
             reading = pacer.read(read, connection)
             try:
-                admitted = reading.admit_now()
+                admitted = reading.admit_now(answer)
             except Exception:  # a fault of ours: the handler's way, which answers it 500
                 log.exception("admitting %s %s", method, message.path[:200])
                 return None
