@@ -300,7 +300,25 @@ class PlatformImage:
     platform: str  # "linux/amd64"
     manifest: Blob
     config: Blob
-    layer: Blob
+    layers: tuple[Blob, ...]
+
+    @property
+    def layer(self) -> Blob:
+        """Its first layer (most images here have one)."""
+        return self.layers[0]
+
+    @property
+    def blobs(self) -> tuple[Blob, ...]:
+        return (self.config, *self.layers)
+
+    @property
+    def content(self) -> dict[str, str]:
+        """What a pull of this platform reads, by digest: ``{digest: what}``."""
+        return (
+            {self.manifest.digest: f"{self.platform} manifest"}
+            | {self.config.digest: f"{self.platform} config"}
+            | {layer.digest: f"{self.platform} layer {n}" for n, layer in enumerate(self.layers)}
+        )
 
 
 @dataclass(frozen=True)
@@ -317,7 +335,7 @@ class SeededImage:
 
     @property
     def blob_digests(self) -> set[str]:
-        return {b.digest for p in self.platforms for b in (p.config, p.layer)}
+        return {b.digest for p in self.platforms for b in p.blobs}
 
     @property
     def manifest_digests(self) -> set[str]:
@@ -355,14 +373,20 @@ def build_image(
     tag: str,
     platforms: Iterable[str] = ("linux/amd64", "linux/arm64"),
     filler: int = 0,
+    layers: int = 1,
 ) -> SeededImage:
     """A multi-arch image whose content names the repository, tag and platform, so that two
-    images never share a digest; each layer holds ``filler`` more bytes when asked."""
+    images never share a digest; each platform has ``layers`` layers, each holding ``filler``
+    more bytes when asked."""
     built = []
     for platform in platforms:
         os_name, arch = platform.split("/")
-        gzipped, raw = _layer(f"{repository}:{tag} on {platform}\n", filler)
-        layer = Blob(OCI_LAYER, gzipped)
+        made = [
+            _layer(f"{repository}:{tag} on {platform}, layer {n}\n" if n else
+                   f"{repository}:{tag} on {platform}\n", filler)
+            for n in range(layers)
+        ]  # fmt: skip
+        blobs = tuple(Blob(OCI_LAYER, gzipped) for gzipped, _ in made)
         config = Blob(
             OCI_CONFIG,
             canonical_json(
@@ -372,7 +396,9 @@ def build_image(
                     "config": {"Cmd": ["/bin/true"]},
                     "rootfs": {
                         "type": "layers",
-                        "diff_ids": ["sha256:" + hashlib.sha256(raw).hexdigest()],
+                        "diff_ids": [
+                            "sha256:" + hashlib.sha256(raw).hexdigest() for _, raw in made
+                        ],
                     },
                 }
             ),
@@ -384,11 +410,11 @@ def build_image(
                     "schemaVersion": 2,
                     "mediaType": OCI_MANIFEST,
                     "config": config.descriptor(),
-                    "layers": [layer.descriptor()],
+                    "layers": [layer.descriptor() for layer in blobs],
                 }
             ),
         )
-        built.append(PlatformImage(platform, manifest, config, layer))
+        built.append(PlatformImage(platform, manifest, config, blobs))
     index = Blob(
         OCI_INDEX,
         canonical_json(
@@ -413,8 +439,8 @@ def build_image(
 def push_image(client: RegistryClient, image: SeededImage) -> SeededImage:
     """Push blobs, platform manifests (by digest) and the index (by tag)."""
     for p in image.platforms:
-        client.push_blob(image.repository, p.config)
-        client.push_blob(image.repository, p.layer)
+        for blob in p.blobs:
+            client.push_blob(image.repository, blob)
         client.push_manifest(image.repository, p.manifest.digest, p.manifest)
     client.push_manifest(image.repository, image.tag, image.index)
     return image

@@ -48,10 +48,8 @@ from aiohttp import web
 
 from tests.e2e.conftest import REGISTRY, StartProxy
 from tests.e2e.peers import (
-    OCI_CONFIG,
     OCI_INDEX,
     OCI_MANIFEST,
-    Blob,
     Containerd,
     DistributionRegistry,
     Kuikproxy,
@@ -59,13 +57,14 @@ from tests.e2e.peers import (
     RecordingForwarder,
     RegistryClient,
     Run,
-    canonical_json,
+    SeededImage,
+    build_image,
     http,
+    push_image,
 )
 from tests.e2e.test_store import (
     content_of,
     explain,
-    random_layer,
     require_peers,
     slow_front,
     strict_hosts,
@@ -81,7 +80,7 @@ NODES = tuple(platform for platform, count in PULLED.items() for _ in range(coun
 """The platform node ``n`` pulls."""
 UNPULLED = "linux/ppc64le"
 """In the index, pulled by nobody: the registry must never be asked for it."""
-LAYERS = 2
+LAYERS = 2  # a platform's layers, each of LAYER_SIZE bytes that do not compress
 LAYER_SIZE = 256 * KiB
 LATENCY = 0.5  # seconds before the front starts any answer
 RATE = "1m"  # bytes a second nginx sends each answer at: a layer takes it a quarter second
@@ -90,116 +89,28 @@ RATE = "1m"  # bytes a second nginx sends each answer at: a layer takes it a qua
 # --- the image ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Platform:
-    """One platform's manifest, config and layers."""
-
-    name: str  # "linux/amd64"
-    manifest: Blob
-    config: Blob
-    layers: tuple[Blob, ...]
-
-    @property
-    def blobs(self) -> tuple[Blob, ...]:
-        return (self.config, *self.layers)
-
-    @property
-    def content(self) -> dict[str, str]:
-        """What a pull of this platform reads, by digest: ``{digest: what}``."""
-        return (
-            {self.manifest.digest: f"{self.name} manifest"}
-            | {self.config.digest: f"{self.name} config"}
-            | {layer.digest: f"{self.name} layer {n}" for n, layer in enumerate(self.layers)}
-        )
-
-
-@dataclass(frozen=True)
-class MultiArch:
-    """An OCI index of several platforms, pushed to ``repository:tag``."""
-
-    repository: str
-    tag: str
-    index: Blob
-    platforms: tuple[Platform, ...]
-
-    def platform(self, name: str) -> Platform:
-        return next(p for p in self.platforms if p.name == name)
-
-    @property
-    def ref(self) -> str:
-        return f"{REGISTRY}/{self.repository}:{self.tag}"
-
-    @property
-    def names(self) -> dict[str, str]:
-        """Every reference a read may name, by what it is: ``{reference: what}``."""
-        named = {self.tag: "tag", self.index.digest: "index"}
-        for platform in self.platforms:
-            named |= platform.content
-        return named
-
-    def pull_of(self, name: str) -> set[str]:
-        """The digests a node pulling platform ``name`` holds afterwards."""
-        return {self.index.digest, *self.platform(name).content}
-
-
-def build_multi_arch(repository: str, platforms: tuple[str, ...]) -> MultiArch:
-    """An index of ``platforms``, each with :data:`LAYERS` layers of random bytes (no two
-    platforms share a blob) and a config naming their diff ids, as a node unpacks it."""
-    built = []
-    for name in platforms:
-        os_name, arch = name.split("/")
-        layers = [random_layer(LAYER_SIZE) for _ in range(LAYERS)]
-        rootfs = {"type": "layers", "diff_ids": [diff_id for _, diff_id in layers]}
-        config = Blob(
-            OCI_CONFIG,
-            canonical_json({"architecture": arch, "os": os_name, "config": {}, "rootfs": rootfs}),
-        )
-        manifest = Blob(
-            OCI_MANIFEST,
-            canonical_json(
-                {
-                    "schemaVersion": 2,
-                    "mediaType": OCI_MANIFEST,
-                    "config": config.descriptor(),
-                    "layers": [layer.descriptor() for layer, _ in layers],
-                }
-            ),
-        )
-        built.append(Platform(name, manifest, config, tuple(layer for layer, _ in layers)))
-    index = Blob(
-        OCI_INDEX,
-        canonical_json(
-            {
-                "schemaVersion": 2,
-                "mediaType": OCI_INDEX,
-                "manifests": [
-                    p.manifest.descriptor(
-                        platform=dict(zip(("os", "architecture"), p.name.split("/"), strict=True))
-                    )
-                    for p in built
-                ],
-            }
-        ),
-    )
-    return MultiArch(repository, "v1", index, tuple(built))
-
-
-def push_multi_arch(registry: DistributionRegistry, image: MultiArch) -> MultiArch:
-    """Blobs, platform manifests by digest, then the index by tag, straight to the registry."""
-    client = RegistryClient(registry.url)
+def names_of(image: SeededImage) -> dict[str, str]:
+    """Every reference a read of ``image`` may name, by what it is: ``{reference: what}``."""
+    named = {image.tag: "tag", image.index.digest: "index"}
     for platform in image.platforms:
-        for blob in platform.blobs:
-            client.push_blob(image.repository, blob)
-        client.push_manifest(image.repository, platform.manifest.digest, platform.manifest)
-    client.push_manifest(image.repository, image.tag, image.index)
-    return image
+        named |= platform.content
+    return named
+
+
+def pull_of(image: SeededImage, name: str) -> set[str]:
+    """The digests a node pulling platform ``name`` of ``image`` holds afterwards."""
+    return {image.index.digest, *image.platform(name).content}
+
+
+def ref_of(image: SeededImage) -> str:
+    return f"{REGISTRY}/{image.repository}:{image.tag}"
 
 
 # --- the registry's reads -------------------------------------------------------------------
 
 
 def reads_of(
-    registry: DistributionRegistry, image: MultiArch, at_least: int, timeout: float = 5
+    registry: DistributionRegistry, image: SeededImage, at_least: int, timeout: float = 5
 ) -> tuple[Counter[str], list[LoggedRequest]]:
     """The registry's reads (``GET`` and ``HEAD``) of ``image``'s repository counted by what
     they read (``"HEAD tag"``, ``"GET linux/arm64 layer 1"``...), once at least ``at_least``
@@ -214,12 +125,12 @@ def reads_of(
         if len(rows) >= at_least or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    names = image.names
+    names = names_of(image)
     counted = Counter(f"{r.method} {names.get(r.reference, r.reference)}" for r in rows)
     return counted, rows
 
 
-def expected_reads(image: MultiArch, resolve: tuple[str, ...]) -> Counter[str]:
+def expected_reads(image: SeededImage, resolve: tuple[str, ...]) -> Counter[str]:
     """One read of each of ``resolve`` (how the tag is resolved: ``"HEAD tag"``...), and one
     ``GET`` of the manifest and of each blob of every platform some node pulls; nothing of
     the others."""
@@ -229,11 +140,11 @@ def expected_reads(image: MultiArch, resolve: tuple[str, ...]) -> Counter[str]:
     return expected
 
 
-def timeline(rows: list[LoggedRequest], image: MultiArch) -> str:
+def timeline(rows: list[LoggedRequest], image: SeededImage) -> str:
     """The registry's reads, one a line, times from the first: for assertion messages."""
     if not rows:
         return "(the registry logged no read)"
-    names, t0 = image.names, min(r.started for r in rows)
+    names, t0 = names_of(image), min(r.started for r in rows)
     return "\n".join(
         f"{r.started - t0:7.3f}..{r.finished - t0:7.3f} {r.method:4} "
         f"{names.get(r.reference, r.reference)} -> {r.status}"
@@ -264,7 +175,7 @@ class Rollout:
     the far front: checks every second, copies every two (the windows the ten nodes share)."""
 
     registry: DistributionRegistry
-    image: MultiArch
+    image: SeededImage
     proxy: Kuikproxy
     store: bool
     root: Path
@@ -286,8 +197,15 @@ def rollout(
     ``front (latency) → nginx (limit_rate) → registry``; every peer stopped at the end."""
     require_peers("nginx")
     store: bool = request.param
-    image = push_multi_arch(
-        registry, build_multi_arch(f"rollout/app{time.time_ns()}", (*PULLED, UNPULLED))
+    image = push_image(
+        RegistryClient(registry.url),
+        build_image(
+            f"rollout/app{time.time_ns()}",
+            "v1",
+            (*PULLED, UNPULLED),
+            filler=LAYER_SIZE,
+            layers=LAYERS,
+        ),
     )
     with contextlib.ExitStack() as stack:
         nginx = stack.enter_context(slow_front(tmp_path / "nginx", registry, RATE))
@@ -341,7 +259,7 @@ def test_ten_containerd_nodes_pulling_one_index_cost_one_read_of_each_thing_need
         def pull(n: int) -> Run:
             return nodes[n].ctr(
                 "--timeout", "60s", "images", "pull", "--hosts-dir", str(hosts[n]),
-                "--snapshotter", "native", "--platform", NODES[n], image.ref,
+                "--snapshotter", "native", "--platform", NODES[n], ref_of(image),
             )  # fmt: skip
 
         started = time.monotonic()
@@ -357,8 +275,8 @@ def test_ten_containerd_nodes_pulling_one_index_cost_one_read_of_each_thing_need
             # ctr logs that it cannot size the platforms the node did not pull: not a row
             lines = [line for line in listed.output.splitlines() if not line.startswith("time=")]
             images = {row[0]: row[2] for row in map(str.split, lines[1:]) if row}
-            assert images == {image.ref: image.index.digest}, str(listed)
-            assert content_of(node) == image.pull_of(platform), platform
+            assert images == {ref_of(image): image.index.digest}, str(listed)
+            assert content_of(node) == pull_of(image, platform), platform
     # each node a resource of its own (its hosts.toml's Kuik-Resource): shared across them
     resources = set(proxy.status()["resources"])
     assert {f"node-{n}" for n in range(len(NODES))} <= resources, sorted(resources)
@@ -378,7 +296,7 @@ class Pulled:
 
 
 def pull_over_http(
-    proxy: Kuikproxy, image: MultiArch, client: int, go: threading.Barrier
+    proxy: Kuikproxy, image: SeededImage, client: int, go: threading.Barrier
 ) -> Pulled:
     """Client ``client`` (resource ``client-<n>``), once every client is ready: ``GET`` the tag
     as an OCI index, its platform's manifest by the digest the index names, then the config
