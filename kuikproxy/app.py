@@ -3,9 +3,10 @@
 Nothing else builds objects of more than one layer: the web edge gets the runtime through
 the application's keys (:mod:`kuikproxy.web.keys`), what observes it gets its own
 (:mod:`kuikproxy.observe.observed`), the runtime gets the registry client, whose answers it
-reads (:mod:`kuikproxy.runtime.egress`), and the forward proxy's refusals, which it counts. No
-callback wired here carries a call upward: what the runtime knows (waits, windows, counts) is
-read from its snapshot by what observes it.
+reads (:mod:`kuikproxy.runtime.egress`), and the forward proxy's refusals, which it counts.
+What the runtime knows (waits, windows, counts) is read from its snapshot by what observes it.
+One callback still runs up a layer: the config file's watch (``runtime/watch.py``) tells the
+edge's reloader that the file changed, as the signal handler does for SIGHUP.
 """
 
 from __future__ import annotations
