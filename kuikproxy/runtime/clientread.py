@@ -224,7 +224,8 @@ class ClientRead:
 
     def _reply(self) -> Awaitable[Reply]:
         """Admission is decided here, not in a coroutine: a held read is awaited as its waiter
-        (:class:`_Held`), so a held request sits in no frame of the read's."""
+        (:class:`~kuikproxy.runtime.heldread.HeldRead`), so a held request sits in no frame of
+        the read's."""
         request = self._request
         if not request.paced:  # a destination kuik owns (§4.3): straight through
             return self._send(None, seated=True)

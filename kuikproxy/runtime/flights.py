@@ -73,9 +73,6 @@ class Flights:
         # in flight, and a window's tickets other than the one whose request was sent
         self.shared: dict[str, int] = dict.fromkeys(READ_KINDS, 0)
 
-    def __len__(self) -> int:
-        return sum(len(flights) for flights in self._flying.values())
-
     def joinable(self, request: RegistryRequest) -> Flight | None:
         """A read in flight ``request`` may follow, or None: it goes itself. A request for a
         range of a blob reads it on its own."""

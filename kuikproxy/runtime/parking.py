@@ -32,7 +32,7 @@ class Waiter:
     future: asyncio.Future[Answer | Go]
     place: Place  # its place in its flow's queues while it waits (§10)
     parking: Parking  # where it is parked, to be let out of by its client
-    since: float  # loop time it was parked: its wait is told from here (Pacer.waits)
+    since: float  # loop time it was parked: its wait is counted from here (Services.waits)
     expiry: asyncio.TimerHandle | None = None
 
 
