@@ -111,3 +111,25 @@ async def test_a_whole_blob_asked_for_while_a_range_of_it_is_read_is_read_whole(
     assert (part_answer.status, await part_answer.read()) == (206, BLOB[:10])
     assert (whole_answer.status, await whole_answer.read()) == (200, BLOB)
     assert registry.seen == ["bytes=0-9", None]
+
+
+async def test_r3_a_head_of_a_blob_whose_get_is_in_flight_is_answered_from_it(
+    ranged: tuple[RangedRegistry, Client],
+) -> None:
+    """A GET's answer serves a HEAD (R3), from memory too: a HEAD that comes while the GET of
+    its blob is in flight gets that answer's headers (its length, its digest) and no body, and
+    the registry is read once."""
+    registry, client = ranged
+    registry.hold.clear()
+    whole = asyncio.ensure_future(client.get(URL, headers=NODE))
+    await registry.arrived.wait()
+    head = asyncio.ensure_future(client.head(URL, headers=NODE))
+    await asyncio.sleep(0.05)  # it is in flight with the GET (nothing else to wait on)
+    registry.hold.set()
+    head_answer, whole_answer = await head, await whole
+    assert (whole_answer.status, await whole_answer.read()) == (200, BLOB)
+    assert head_answer.status == 200
+    assert head_answer.headers["Content-Length"] == str(len(BLOB))
+    assert head_answer.headers["Docker-Content-Digest"] == DIGEST
+    assert await head_answer.read() == b""
+    assert registry.seen == [None]
