@@ -41,8 +41,12 @@ from tests.e2e.peers import (
 
 pytestmark = pytest.mark.e2e
 
-TOLERANCE = 0.005
-"""Seconds a gap between two windows may fall short of the interval (clock reads, logging)."""
+TOLERANCE = 0.05
+"""Seconds a gap between two windows may fall short of the interval at the registry. The
+registry stamps a read when it reaches it, so one that left on time but reached it late (a new
+connection, six clients starting at once on two loaded cores: 6 ms seen in CI) shortens the gap
+after it. Two reads of one window would be milliseconds apart, so 50 ms still tells them from
+one read per 200 ms window."""
 
 
 @pytest.fixture
