@@ -18,6 +18,7 @@ from aiohttp import web
 
 from kuikproxy.blobs.store import BlobStore
 from kuikproxy.config import Config
+from kuikproxy.core.budget import Bound
 from kuikproxy.fleet.backend import FleetBackend
 from kuikproxy.forward.front import Forwarding
 from kuikproxy.observe.handlers import routes as observing
@@ -96,7 +97,10 @@ class _Lifecycle:
         blobs = config.cache.blobs
         store = None
         if blobs.path is not None:  # §15: the store's manifests are kept answers again
-            store = await BlobStore.open(blobs.path, blobs.max_bytes)
+            entries = config.budget().value(Bound.CATALOG)  # two grants to a tag
+            store = await BlobStore.open(
+                blobs.path, blobs.max_bytes, max_grants=entries * 2 // 3, max_tags=entries // 3
+            )
         pacer = app[PACER] = Pacer(config, registries, durable=durable, fleet=fleet, store=store)
         if pacer.cache is not None:
             pacer.cache.restore(pacer.kept)

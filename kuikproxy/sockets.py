@@ -50,6 +50,13 @@ class ThreadSocket:
             except BlockingIOError:
                 self._wait(select.POLLIN)
 
+    def pending(self) -> bool:
+        """Whether bytes have arrived that nothing has read yet (a peek: none is taken)."""
+        try:
+            return bool(self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except OSError:  # none yet (EAGAIN), or the connection is gone: nothing past the end
+            return False
+
     def sendall(self, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
         while view:

@@ -57,6 +57,10 @@ class Catalog:
         self._grant_changes[key] = self._seq
         self._bound()
 
+    def __len__(self) -> int:
+        """Grants and tags held (``cache.blobs.maxEntries`` bounds them together)."""
+        return len(self._grants) + len(self._tags)
+
     def owners(self, host: str, repository: str, digest: str) -> frozenset[str | None]:
         return frozenset(self._owners.get((host, repository, digest), ()))
 

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from kuikproxy.blobs.records import HEX_DIGITS, split_digest
-from kuikproxy.core.digests import Hasher
+from kuikproxy.core.digests import Hasher, algorithm_of, hasher
 from kuikproxy.errors import StateError
 
 log = logging.getLogger(__name__)
 
-READ_SIZE = 1024 * 1024  # bytes read back in one go when hashing a temp file
+READ_SIZE = 1024 * 1024  # bytes read back in one go when hashing a file
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +111,7 @@ def write_all(fd: int, data: bytes) -> None:
 def hash_range(fd: int, hashing: Hasher, start: int, end: int) -> None:
     """Hash bytes ``start`` to ``end`` of the file back from the page cache (a worker thread;
     hashlib lets go of the GIL). A read that fails or comes back short leaves the hash short,
-    so the blob cannot verify: nothing is stored that was not hashed whole."""
+    so the blob cannot verify: nothing is stored, nor served, that was not hashed whole."""
     position = start
     try:
         while position < end:
@@ -121,7 +121,24 @@ def hash_range(fd: int, hashing: Hasher, start: int, end: int) -> None:
             hashing.update(data)
             position += len(data)
     except OSError as error:
-        log.warning("blob cache: cannot read a temp file back (%s)", error)
+        log.warning("blob cache: cannot read a file back (%s)", error)
+
+
+def check(fd: int, digest: str, size: int) -> tuple[bool, os.stat_result | None]:
+    """Whether the file open on ``fd`` is ``size`` bytes that hash to ``digest``, and what
+    ``fstat`` said of it once hashed (None if it could not); ``fd`` is closed. A worker thread's
+    work: the file is read whole."""
+    try:
+        hashing = hasher(algorithm_of(digest))
+        hash_range(fd, hashing, 0, size)
+        stat = os.fstat(fd)
+    except OSError as error:
+        log.warning("blob cache: cannot check %s (%s)", digest, error)
+        return False, None
+    finally:
+        close_quietly(fd)
+    good = stat.st_size == size and f"{algorithm_of(digest)}:{hashing.hexdigest()}" == digest
+    return good, stat
 
 
 def commit(fd: int, tmp: str, final: str) -> BinaryIO:

@@ -2,11 +2,14 @@
 delete the temp files a killed process left, and make the index and the files agree.
 
 The files win. A row whose file is missing, or of another size, is dropped with its grants and
-tags. A file with no row is deleted, not kept with an unknown media type and no grants: with
-no grant nobody may be given it (R5), and without its media type a manifest cannot be answered
-as it was read; kept, it would only take room until evicted. Such a file is one stored less
-than a flush interval before a kill, or the whole cache after the index was lost: both cost
-only reads upstream, where keeping it would need the index to be trusted more than the files.
+tags. Contents are not hashed here: a start keeps no marks (:mod:`kuikproxy.blobs.marks`), so
+each file is hashed at its first serve after it, not all of them before the store serves.
+
+A file with no row is deleted, not kept with an unknown media type and no grants: with no
+grant nobody may be given it (R5), and without its media type a manifest cannot be answered as
+it was read; kept, it would only take room until evicted. Such a file is one stored less than
+a flush interval before a kill, or the whole cache after the index was lost: both cost only
+reads upstream, where keeping it would need the index to be trusted more than the files.
 """
 
 from __future__ import annotations

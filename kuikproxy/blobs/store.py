@@ -3,8 +3,12 @@ by bytes, least recently used out, with who may be given each blob (R5).
 
 A blob is stored only once verified: written to a temp file, hashed on the way, fsynced, then
 renamed into ``blobs/`` (:mod:`kuikproxy.blobs.writer`). So a kill at any moment leaves at worst
-temp files, which the next open deletes, and a blob :meth:`BlobStore.lookup` returns is always
-whole and what its digest says.
+temp files, which the next open deletes. A file can still change after that (a disk, a tool,
+an operator): :meth:`BlobStore.lookup` checks its size at every open and hashes it again
+unless it is unchanged since it was last hashed (:mod:`kuikproxy.blobs.marks`), so a blob it
+returns is whole and what its digest says when it is opened. A file found otherwise is
+dropped with its grants and tags, logged and counted (``rejected``): its next read goes to
+the registry and stores it again.
 
 ``used`` counts complete blobs and the room reserved by writers under way, and never passes
 ``max_bytes``: a writer with a declared size reserves it when it is made, one without reserves
@@ -30,19 +34,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import tempfile
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from kuikproxy.blobs import disk
+from kuikproxy.blobs import disk, marks
 from kuikproxy.blobs.catalog import Catalog
 from kuikproxy.blobs.disk import Layout
 from kuikproxy.blobs.index import BlobRow, Changes
 from kuikproxy.blobs.records import Stored, TagRecord, split_digest
 from kuikproxy.blobs.recovery import Recovered, recover
 from kuikproxy.blobs.writer import BlobWriter
+from kuikproxy.core.digests import matches
 
 __all__ = ["BlobStore", "BlobWriter", "Stored", "TagRecord"]
 
@@ -63,6 +70,7 @@ class _Blob:
     size: int
     media_type: str | None
     used: int  # its place in the LRU order, as the index keeps it
+    mark: marks.Mark | None = None  # its file as last hashed whole, if that can be trusted
 
 
 class BlobStore:
@@ -84,6 +92,8 @@ class BlobStore:
         self._files = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="kuikproxy-blobs")
         self.max_bytes = max_bytes
         self.evictions = 0
+        self.rejected = 0  # files found not to be their blob, and dropped
+        self._checks: dict[str, tuple[marks.Mark, asyncio.Task[bool | None]]] = {}
         loaded = recovered.loaded
         self._blobs: OrderedDict[str, _Blob] = OrderedDict(  # least recently used first
             (row.digest, _Blob(row.size, row.media_type, row.used)) for row in loaded.blobs
@@ -145,8 +155,49 @@ class BlobStore:
         """Whether the blob is stored (its LRU place untouched)."""
         return digest in self._blobs
 
-    def lookup(self, digest: str) -> Stored | None:
-        """The blob, open, if stored; it becomes the most recently used."""
+    async def lookup(self, digest: str) -> Stored | None:
+        """The blob, open, if stored and its file is what its digest says; it becomes the most
+        recently used. A file changed since it was last hashed is hashed again first, on a
+        thread (one hash for every lookup of it meanwhile)."""
+        opened = self._open(digest)
+        if opened is None:
+            return None
+        blob, file, stat = opened
+        if blob.mark != marks.mark_of(stat):
+            try:
+                good = await self._check(digest, blob, file, stat)
+            except BaseException:
+                file.close()
+                raise
+            if not good or self._closed:
+                file.close()
+                return None
+        if self._blobs.get(digest) is blob:  # not evicted meanwhile (its file is still open)
+            self._touch(digest, blob)
+        return Stored(digest, blob.size, blob.media_type, file)
+
+    def read_small(self, digest: str, limit: int) -> bytes | None:
+        """The whole of a stored blob of at most ``limit`` bytes (a manifest), read and hashed
+        here, on the loop: it is small and in the page cache. None when it is not stored, is
+        larger, or is not its content (then it is dropped)."""
+        opened = self._open(digest)
+        if opened is None:
+            return None
+        blob, file, stat = opened
+        with file:
+            if blob.size > limit:
+                return None
+            began = time.time_ns()
+            body = os.pread(file.fileno(), blob.size + 1, 0)
+        if not matches(digest, body):
+            self._reject(digest, "is not its content")
+            return None
+        blob.mark = marks.kept(stat, began)
+        self._touch(digest, blob)
+        return body
+
+    def _open(self, digest: str) -> tuple[_Blob, BinaryIO, os.stat_result] | None:
+        """The blob's file, open, if it is stored and of its size (else it is dropped)."""
         blob = self._blobs.get(digest)
         if blob is None or self._closed:
             return None
@@ -159,8 +210,65 @@ class BlobStore:
         except OSError as error:  # out of descriptors, say: the blob is still there
             log.warning("blob cache: cannot open %s now (%s)", digest, error)
             return None
-        self._touch(digest, blob)
-        return Stored(digest, blob.size, blob.media_type, file)
+        try:
+            stat = os.fstat(file.fileno())
+        except OSError as error:
+            file.close()
+            log.warning("blob cache: cannot stat %s now (%s)", digest, error)
+            return None
+        if stat.st_size != blob.size:
+            file.close()
+            self._reject(digest, f"is {stat.st_size} bytes, not {blob.size}")
+            return None
+        return blob, file, stat
+
+    async def _check(
+        self, digest: str, blob: _Blob, file: BinaryIO, stat: os.stat_result
+    ) -> bool | None:
+        """Whether ``file`` hashes to ``digest`` (None: it could not be told now). One hash
+        of a file as it is now serves every lookup of it that comes meanwhile."""
+        mark = marks.mark_of(stat)
+        running = self._checks.get(digest)
+        if running is None or running[0] != mark:
+            try:  # the hash's own descriptor: a caller that gives up closes its file
+                fd = os.dup(file.fileno())
+            except OSError as error:
+                log.warning("blob cache: cannot check %s now (%s)", digest, error)
+                return None
+            task = self._loop.create_task(self._hash(digest, blob, fd, mark))
+            self._checks[digest] = running = (mark, task)
+            task.add_done_callback(lambda _: self._checked(digest, task))
+        return await asyncio.shield(running[1])
+
+    def _checked(self, digest: str, task: asyncio.Task[bool | None]) -> None:
+        running = self._checks.get(digest)
+        if running is not None and running[1] is task:
+            del self._checks[digest]
+
+    async def _hash(self, digest: str, blob: _Blob, fd: int, mark: marks.Mark) -> bool | None:
+        began = time.time_ns()
+        try:
+            job = self._loop.run_in_executor(self._files, disk.check, fd, digest, blob.size)
+        except RuntimeError:  # the store closed: its threads are gone
+            disk.close_quietly(fd)
+            return None
+        good, stat = await job
+        if stat is None:
+            return None
+        if self._blobs.get(digest) is not blob:
+            return good  # evicted, or dropped, meanwhile: its file was hashed all the same
+        if not good:
+            self._reject(digest, "is not its content")
+        elif marks.mark_of(stat) == mark:
+            blob.mark = marks.kept(stat, began)
+        return good
+
+    def _reject(self, digest: str, why: str) -> None:
+        """A file that is not its blob: never served. Dropped with its grants and tags, so
+        that the next read of it goes to the registry (and stores it again)."""
+        log.warning("blob cache: the file of %s %s: not served, dropped", digest, why)
+        self.rejected += 1
+        self._drop(digest)
 
     def writing(self, digest: str) -> BlobWriter | None:
         """The writer under way for ``digest``, if any: its temp file can be read meanwhile."""
@@ -205,6 +313,11 @@ class BlobStore:
         if digest in self._blobs or digest in self._writing:
             self._catalog.grant(host, repository, digest, owner)
             self._mark()
+
+    @property
+    def catalog_entries(self) -> int:
+        """Grants and tags in memory (the budget's ``cache.blobs.maxEntries``)."""
+        return len(self._catalog)
 
     def owners(self, host: str, repository: str, digest: str) -> frozenset[str | None]:
         return self._catalog.owners(host, repository, digest)

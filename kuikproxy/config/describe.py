@@ -212,6 +212,27 @@ def _forward_proxy(config: Config) -> str:
     )
 
 
+def _budget(config: Config) -> list[str]:
+    """The memory budget and its split: every bound a client can fill, full at once, fits."""
+    budget = config.budget()
+    memory, source = config.memory()
+    lines = [
+        f"memory: {_mib(memory)} ({source}): {_mib(budget.base)} for the process, "
+        f"{_mib(budget.headroom)} headroom, {_mib(budget.fillable)} for the bounds:"
+    ]
+    for share in budget.shares:
+        if share.each == 1:
+            what = _mib(share.value)
+        else:
+            what = f"{share.value} ({_mib(share.bytes)}, {share.each} B each)"
+        lines.append(f"  {share.bound}: {what}{' as written' if share.set else ''}")
+    return lines
+
+
+def _mib(size: int) -> str:
+    return f"{size / 1024**2:.1f}Mi"
+
+
 def _store(config: Config) -> str:
     blobs = config.cache.blobs
     if blobs.path is None:
@@ -231,13 +252,11 @@ def describe(config: Config) -> str:
         f"hostAliases: {aliases or 'none'}",
         f"resourceIdentity: {', '.join(config.resource_identity)}",
         f"unusedImageRetention: {format_duration(config.unused_image_retention)}",
-        f"cache: maxAge {format_duration(config.cache.max_age)}, "
-        f"maxEntries {config.cache.max_entries}, maxBytes {_size(config.cache.max_bytes)}",
+        f"cache: maxAge {format_duration(config.cache.max_age)}",
         f"store: {_store(config)}",
         f"state: {config.state.path or 'in memory (lost on restart)'}",
-        f"limits: maxHosts {limits.max_hosts} (hosts under a wildcard), "
-        f"maxResources {limits.max_resources}, maxImages {limits.max_images}, "
-        f"maxRingImages {limits.max_ring_images}",
+        *_budget(config),
+        f"limits: maxRingImages {limits.max_ring_images} (of maxImages)",
         _forward_proxy(config),
         "",
         *_flow_control(config.flow_control),

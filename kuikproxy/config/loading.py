@@ -9,11 +9,12 @@ before that host is validated, so ``docker.io: {check: {interval: 30s}}`` keeps 
 Every problem is collected and reported at once as ``"path: reason"`` lines, with the keys as
 written in the file, so an operator fixes a file in one pass rather than one error per run.
 
-A *file* with no document in it (empty, blank, comments only, ``null``, ``~``, ``---``) is
-refused, not read as the embedded default: the operator named a file, and one truncated or
-emptied by mistake would otherwise drop every host it configures at the next reload — each
-then refused ``403`` or paced on the default's intervals. A file of ``{}`` asks for the embedded
-default on purpose, and no file at all (``load_config(None)``) is it.
+A *file* with no settings in it — no document (empty, blank, comments only, ``---``), a
+``null`` one (``null``, ``~``) or a mapping without a key (``{}``) — is refused, not read as the
+embedded default: the operator named a file, and one truncated, emptied or templated to nothing
+by mistake would otherwise drop every host it configures at the next reload — each then
+refused ``403`` or paced on the default's intervals. No file at all (``load_config(None)``,
+``serve`` without ``--config``) is the embedded default.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
     """The configuration in the file at ``path``; ``None`` is the embedded default.
 
     Raises :class:`ConfigError` listing every problem, including an unreadable file, invalid
-    YAML, a file with no configuration in it, and a top level that is not a mapping.
+    YAML, a file with no settings in it, and a top level that is not a mapping.
     """
     if path is None:
         return parse_config("", EMBEDDED_DEFAULT_SOURCE)
@@ -92,11 +93,11 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
     except UnicodeDecodeError as error:
         raise ConfigError([f"{source}: not UTF-8 text ({error.reason})"]) from None
     raw = _document(text, source)
-    if raw is None:  # a file named and found empty is a mistake, not a wish (see above)
+    if raw is None or raw == {}:  # a file named with no settings is a mistake (see above)
         raise ConfigError(
             [
-                f"{source}: no configuration in it (empty, comments only or null); "
-                "write {} to run on the embedded default"
+                f"{source}: no settings in it (empty, comments only, null or {{}}); "
+                "serve without --config runs on the embedded default"
             ]
         )
     return _config(raw, source)
@@ -104,7 +105,7 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
 
 def parse_config(text: str, source: str = "<string>") -> Config:
     """The configuration in the YAML ``text``; ``source`` names it in YAML errors. A text with
-    no document in it is the embedded default (a *file* with none is refused by
+    no settings in it is the embedded default (a *file* with none is refused by
     :func:`load_config`)."""
     raw = _document(text, source)
     return _config({} if raw is None else raw, source)
@@ -144,7 +145,8 @@ def build_config(raw: Mapping[Any, Any]) -> Config:
 
 
 def _cross_checks(config: Config) -> list[str]:
-    """Rules that span keys: hosts that requests are routed to must be allowed to be contacted."""
+    """Rules that span keys: hosts that requests are routed to must be allowed to be contacted;
+    the bounds written must fit the memory budget."""
     errors = []
     hint = "give it a registries block or match it in allowedHosts"
     if not config.is_allowed(config.default_registry):
@@ -152,6 +154,13 @@ def _cross_checks(config: Config) -> list[str]:
     for alias, host in config.host_aliases.items():
         if not config.is_allowed(host):
             errors.append(f'hostAliases.{alias}: host "{host}" is not allowed ({hint})')
+    budget = config.budget()
+    if budget.over:
+        written = ", ".join(f"{s.bound} {s.value}" for s in budget.shares if s.set)
+        errors.append(
+            f"limits.memory: the bounds written ({written}) need {budget.over} bytes more than "
+            f"the budget of {budget.memory} bytes leaves them; lower them or raise limits.memory"
+        )
     return errors
 
 

@@ -30,6 +30,7 @@ from pydantic.dataclasses import dataclass
 from kuikproxy.config.base import MODEL_CONFIG, host_patterns
 from kuikproxy.config.fields import Duration, IdentitySource, validate_host
 from kuikproxy.config.flowsettings import FlowControl
+from kuikproxy.config.memory import pod_memory
 from kuikproxy.config.process import (
     CacheSettings,
     FleetSettings,
@@ -38,6 +39,7 @@ from kuikproxy.config.process import (
     StateSettings,
 )
 from kuikproxy.config.registry import RegistrySettings
+from kuikproxy.core.budget import Bound, MemoryBudget, split
 from kuikproxy.core.images import DOCKER_HUB, normalize_host
 
 __all__ = ["DEFAULT_BLOCK", "PUBLIC_REGISTRIES", "Config"]
@@ -178,6 +180,31 @@ class Config:
         if host != DEFAULT_BLOCK and host in self.registries:
             return self.registries[host]
         return self.registries[DEFAULT_BLOCK]
+
+    def budget(self) -> MemoryBudget:
+        """``limits.memory`` split into the bounds a client can fill (:mod:`kuikproxy.core.budget`):
+        those written in the config as written, the others sized from what they leave."""
+        limits, cache = self.limits, self.cache
+        settings = {
+            Bound.IMAGES: limits.max_images,
+            Bound.RESOURCES: limits.max_resources,
+            Bound.HOSTS: limits.max_hosts,
+            Bound.HELD: limits.max_held,
+            Bound.KEPT_BYTES: cache.max_bytes,
+            Bound.KEPT_ENTRIES: cache.max_entries,
+            Bound.REFUSALS: cache.max_refusals,
+            Bound.CATALOG: cache.blobs.max_entries,
+        }
+        written = {bound: value for bound, value in settings.items() if value is not None}
+        unused = frozenset() if cache.blobs.path else frozenset({Bound.CATALOG})
+        return split(self.memory()[0], written, unused)
+
+    def memory(self) -> tuple[int, str]:
+        """The memory budget in bytes, and where it came from: ``limits.memory``, the pod's
+        cgroup, or the chart's default."""
+        if self.limits.memory is not None:
+            return self.limits.memory, "limits.memory"
+        return pod_memory()
 
     def configured_hosts(self) -> tuple[str, ...]:
         """The hosts with their own block under ``registries``, sorted."""

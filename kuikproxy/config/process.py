@@ -39,6 +39,9 @@ class BlobStoreSettings:
     max_bytes: Size = 10 * 1024**3
     """At most this many bytes on disk, blobs being written included (default ``10Gi``);
     the least recently used go first."""
+    max_entries: PositiveInt | None = None
+    """At most this many grants and tags in the store's catalog, kept in memory (two grants
+    to a tag), oldest out first. Unset: sized from the memory budget (``limits.memory``)."""
 
 
 @dataclass(frozen=True, config=MODEL_CONFIG)
@@ -47,10 +50,14 @@ class CacheSettings:
 
     max_age: Duration = 3600.0
     """Seconds a kept answer may be reused (default ``1h``)."""
-    max_entries: Annotated[int, Field(ge=0)] = 100_000
-    """At most this many kept answers; least recently used are evicted."""
-    max_bytes: Size = 256 * 1024**2
-    """At most this many bytes of kept bodies (default ``256Mi``)."""
+    max_entries: Annotated[int, Field(ge=0)] | None = None
+    """At most this many kept answers; least recently used are evicted. Unset: sized from the
+    memory budget (``limits.memory``)."""
+    max_bytes: Size | None = None
+    """At most this many bytes of kept bodies. Unset: sized from the memory budget."""
+    max_refusals: Annotated[int, Field(ge=0)] | None = None
+    """At most this many kept refusals (401, 403, 404) among them, oldest out first: names that
+    do not exist are the cheapest thing a client can make. Unset: sized from the budget."""
     blobs: BlobStoreSettings = Field(default_factory=BlobStoreSettings)
     """The pull-through store of blobs and manifests on disk; off unless ``path`` is set."""
 
@@ -58,16 +65,20 @@ class CacheSettings:
 @dataclass(frozen=True, config=MODEL_CONFIG)
 class LimitsSettings:
     """Bounds on what kuikproxy keeps in memory: a request that would pass one is
-    refused (503) and counted; what already has state keeps working. The defaults are far above
-    what a real deployment holds and keep the worst case to a few hundred MiB (decisions.md)."""
+    refused (503) and counted; what already has state keeps working. Each bound left unset is
+    sized from ``memory``, so that all of them full at once fit in it (decisions.md)."""
 
-    max_hosts: PositiveInt = 1_000
+    memory: Size | None = None
+    """The memory budget: unset, the pod's (the cgroup's ``memory.max``), else ``512Mi``."""
+    max_hosts: PositiveInt | None = None
     """Hosts not in ``registries`` (allowed by a wildcard of ``allowedHosts``) that may have
     state at once; one is forgotten a retention after its last request."""
-    max_resources: PositiveInt = 10_000
+    max_resources: PositiveInt | None = None
     """Resources that may have state (a ring or a copy queue) at once, over every host."""
-    max_images: PositiveInt = 1_000_000
+    max_images: PositiveInt | None = None
     """Images in every ring together."""
+    max_held: PositiveInt | None = None
+    """Requests held for their windows at once, over every host."""
     max_ring_images: PositiveInt = 100_000
     """Images in one ring (one resource on one host)."""
 

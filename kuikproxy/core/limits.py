@@ -9,7 +9,10 @@ ring entry. Retention (P8) drops what nobody asks for any more, but only after
 * ``maxHosts``: the hosts not in ``registries`` (allowed by a wildcard) that have state;
 * ``maxResources``: the resources that have state (a ring or a copy queue) on some host;
 * ``maxImages``: the ring images of every ring together;
-* ``maxRingImages``: the images of one ring.
+* ``maxRingImages``: the images of one ring;
+* ``maxHeld``: the requests held for their windows, over every host.
+
+Each is sized from the memory budget unless the config writes it (:mod:`kuikproxy.core.budget`).
 
 A request that would pass a limit is refused (:class:`Refuse`); what already has state keeps
 working. :class:`Census` counts the resources and images across hosts: the schedulers of every
@@ -31,6 +34,7 @@ class Limit(StrEnum):
     RESOURCES = "maxResources"
     IMAGES = "maxImages"
     RING_IMAGES = "maxRingImages"
+    HELD = "maxHeld"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,7 @@ class Limits:
     max_resources: int = 10_000
     max_images: int = 1_000_000
     max_ring_images: int = 100_000
+    max_held: int = 10_000
 
     def value(self, limit: Limit) -> int:
         return {
@@ -48,6 +53,7 @@ class Limits:
             Limit.RESOURCES: self.max_resources,
             Limit.IMAGES: self.max_images,
             Limit.RING_IMAGES: self.max_ring_images,
+            Limit.HELD: self.max_held,
         }[limit]
 
 
@@ -66,19 +72,20 @@ def admits_host(extra_hosts: int, limits: Limits) -> bool:
 
 class Census:
     """The resources that have state on some host — on which hosts — and how many ring images
-    there are in all, as the hosts' schedulers report them.
+    there are in all, as the hosts' schedulers report them, and how many requests are held.
 
     Resources are also kept in name order, so that ``/status`` lists a page of them without
     sorting them all (:meth:`page`).
     """
 
-    __slots__ = ("_hosts", "_names", "images", "limits")
+    __slots__ = ("_hosts", "_names", "held", "images", "limits")
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
         self._hosts: dict[str, set[str]] = {}
         self._names = SortedSet()
         self.images = 0
+        self.held = 0  # requests held for their windows, over every host
 
     def __len__(self) -> int:
         return len(self._hosts)
@@ -99,6 +106,10 @@ class Census:
             if self.images + new_images > limits.max_images:
                 return Refuse(Limit.IMAGES)
         return None
+
+    def holds(self) -> Refuse | None:
+        """Whether one more request may be held for its window."""
+        return Refuse(Limit.HELD) if self.held >= self.limits.max_held else None
 
     def enter(self, resource: str, host: str) -> None:
         """``resource`` now has state on ``host``."""

@@ -28,7 +28,7 @@ from kuikproxy.core.quota import BucketView, QuotaSnapshot
 from kuikproxy.core.tickets import Operation
 from kuikproxy.runtime.egress import NO_HOST
 from kuikproxy.runtime.fleet import FleetView
-from kuikproxy.runtime.snapshot import ReadStats, RingStat, Snapshot, StoreStats
+from kuikproxy.runtime.snapshot import BudgetStats, ReadStats, RingStat, Snapshot, StoreStats
 from kuikproxy.runtime.waittimes import WAIT_BUCKETS, Buckets
 
 Scraped = Callable[[], Snapshot]
@@ -402,3 +402,38 @@ class StoreCollector(_Scraping):
             evictions.add_metric([], store.evictions)
             stale.add_metric([], store.stale)
         return [served, reads, size, limit, blobs, evictions, stale]
+
+
+class BudgetCollector(_Scraping):
+    """The memory budget's bounds: what each admits and holds (``kuik_proxy_bound_*``)."""
+
+    def describe(self) -> list[Metric]:
+        return self._families(None)
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families(self._scraped().budget))
+
+    @staticmethod
+    def _families(stats: BudgetStats | None) -> list[Metric]:
+        memory = GaugeMetricFamily(
+            "kuik_proxy_memory_budget_bytes",
+            "The memory every bound a client can fill fits in, together (limits.memory).",
+        )
+        limit = GaugeMetricFamily(
+            "kuik_proxy_bound_limit",
+            "Items (bytes where an item is a byte) a bound admits, by the setting naming it.",
+            labels=["bound"],
+        )
+        used = GaugeMetricFamily(
+            "kuik_proxy_bound_used",
+            "Items a bound holds now; a bound reached refuses (or evicts, for kept answers).",
+            labels=["bound"],
+        )
+        if stats is not None:
+            memory.add_metric([], stats.memory)
+            for share in stats.budget.shares:
+                limit.add_metric([str(share.bound)], share.value)
+                held = stats.used[share.bound]
+                if held is not None:
+                    used.add_metric([str(share.bound)], held)
+        return [memory, limit, used]

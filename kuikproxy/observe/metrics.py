@@ -32,6 +32,7 @@ from prometheus_client import (
 )
 
 from kuikproxy.observe.collectors import (
+    BudgetCollector,
     FleetCollector,
     FlowControlCollector,
     PacingCollector,
@@ -74,6 +75,7 @@ class Metrics:
         self._known = known
         self.registry = CollectorRegistry(auto_describe=True)
         for collector in (
+            BudgetCollector,
             PacingCollector,
             RefusalCollector,
             FlowControlCollector,

@@ -14,7 +14,9 @@ from kuikproxy.core.quota import QuotaSnapshot
 from kuikproxy.core.views import HostView, SeriesView
 from kuikproxy.durations import format_duration
 from kuikproxy.observe.statusmodels import (
+    BoundStatus,
     BucketStatus,
+    BudgetStatus,
     CacheStatus,
     CheckSeries,
     ConditionStatus,
@@ -36,7 +38,7 @@ from kuikproxy.observe.statusmodels import (
     WindowCounts,
 )
 from kuikproxy.runtime.fleet import FleetView
-from kuikproxy.runtime.snapshot import Snapshot
+from kuikproxy.runtime.snapshot import BudgetStats, Snapshot
 
 
 class Clock:
@@ -197,6 +199,7 @@ def build_status(
                 stale=s.stale,
             ),
         ),
+        budget=_budget(snap.budget),
         reads=ReadsStatus(shared=snap.reads.shared, registry=snap.reads.registry),
         flowControl=flow_control_status(snap.server_concurrency_limit, snap.levels, clock),
         fleet=None if snap.fleet is None else fleet_status(snap.fleet, clock),
@@ -246,4 +249,24 @@ def flow_control_status(
             )
             for level in levels
         ],
+    )
+
+
+def _budget(stats: BudgetStats) -> BudgetStatus:
+    budget = stats.budget
+    return BudgetStatus(
+        memory=stats.memory,
+        source=stats.source,
+        base=budget.base,
+        headroom=budget.headroom,
+        bounds={
+            str(share.bound): BoundStatus(
+                limit=share.value,
+                each=share.each,
+                bytes=share.bytes,
+                used=stats.used[share.bound],
+                set=share.set,
+            )
+            for share in budget.shares
+        },
     )

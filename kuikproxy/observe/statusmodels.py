@@ -128,6 +128,22 @@ class CacheStatus(_Model):
     store: StoreStatus | None = None
 
 
+class BoundStatus(_Model):
+    limit: int = Field(description="items (bytes where each is 1) the bound admits")
+    each: int = Field(description="bytes one item is priced at")
+    bytes: int = Field(description="the bound's share of the budget")
+    used: int | None = Field(description="items held now; None: not counted (a reserve)")
+    set: bool = Field(description="written in the config rather than sized from the budget")
+
+
+class BudgetStatus(_Model):
+    memory: int = Field(description="bytes every bound a client can fill must fit in, together")
+    source: str = Field(description="limits.memory, the cgroup file read, or default")
+    base: int = Field(description="bytes kept for the process itself")
+    headroom: int
+    bounds: dict[str, BoundStatus] = Field(description="by the setting that overrides each")
+
+
 class ConfigStatus(_Model):
     generation: int
     loaded_at: str = Field(alias="loadedAt")
@@ -196,6 +212,7 @@ class Status(_Model):
         description="requests refused for a host kuikproxy holds no state for, by reason (maxHosts)"
     )
     cache: CacheStatus
+    budget: BudgetStatus
     reads: ReadsStatus
     flow_control: FlowControlStatus = Field(alias="flowControl")
     fleet: FleetStatus | None = Field(None, description="None: this proxy paces alone")

@@ -194,7 +194,7 @@ class ClientRead:
         brings goes to the store, and is looked for there again."""
         request, flights = self._request, self._services.flights
         while True:
-            body = cache.find(request)
+            body = await cache.find(request)
             if body is not None:
                 self._body = body
                 flights.count(request, body.source == "shared")

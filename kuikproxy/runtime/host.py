@@ -68,7 +68,7 @@ class Host:
             services.durable.attach(host, s)
         own = services.registries.has_credentials(host)
         self.budget = Budget(host, self.settings, s, services.loop, own)
-        self.parking = Parking(s, services.loop)
+        self.parking = Parking(s, services.loop, services.census)
         self.reader = WindowReader(
             host,
             scheduler=s,
@@ -211,6 +211,10 @@ class Host:
         ticket = decision.ticket
         if self.outlasted(ticket):
             raise self.refusal(ticket, request, now)
+        census = self.services.census
+        if (full := census.holds()) is not None:
+            s.cancel(ticket)  # refused before it waited (P11)
+            raise self.refused.refusal(full.limit, census.limits, now, self.name)
         try:
             place = request.flow.park(self.series(ticket.operation) - now)
         except TooManyRequests:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Collection, Iterator
 from contextlib import asynccontextmanager
 
 from kuikproxy.config import Config
+from kuikproxy.core.budget import Bound
 from kuikproxy.core.limits import Census, Limit, Limits, admits_host
 from kuikproxy.core.quota import QuotaSnapshot
 from kuikproxy.core.ringstate import RingState
@@ -31,12 +32,15 @@ from kuikproxy.runtime.sweeps import Sweeps
 
 
 def limits_of(config: Config) -> Limits:
-    limits = config.limits
+    """The limits in force: each as written, or sized from the memory budget."""
+    budget = config.budget()
+    images = budget.value(Bound.IMAGES)
     return Limits(
-        max_hosts=limits.max_hosts,
-        max_resources=limits.max_resources,
-        max_images=limits.max_images,
-        max_ring_images=limits.max_ring_images,
+        max_hosts=budget.value(Bound.HOSTS),
+        max_resources=budget.value(Bound.RESOURCES),
+        max_images=images,
+        max_ring_images=min(config.limits.max_ring_images, images),
+        max_held=budget.value(Bound.HELD),
     )
 
 
@@ -47,6 +51,11 @@ class Hosts:
     census: Census
     sweeps: Sweeps
     durable: Durable | None
+
+    @property
+    def wildcard_hosts(self) -> int:
+        """Hosts with state that are not in ``registries`` (``maxHosts`` bounds them)."""
+        return len(self._extra)
 
     def _keep_hosts(self) -> None:
         """Start with no host state but the configured, paced hosts'."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from kuikproxy.config import Config
+from kuikproxy.core.budget import Bound
 from kuikproxy.core.reuse import owners_serving
 from kuikproxy.runtime.messages import Answer, RegistryRequest
 
@@ -25,11 +27,25 @@ class Unserved:
     found: Answer | None
 
 
+def kept_bounds(config: Config) -> tuple[int, int, int]:
+    """``maxEntries``, ``maxBytes`` and ``maxRefusals``: as written, or sized from the budget."""
+    budget = config.budget()
+    return (
+        budget.value(Bound.KEPT_ENTRIES),
+        budget.value(Bound.KEPT_BYTES),
+        budget.value(Bound.REFUSALS),
+    )
+
+
 class KeptAnswers:
-    def __init__(self, max_entries: int, max_bytes: int) -> None:
+    def __init__(self, max_entries: int, max_bytes: int, max_refusals: int) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+        self.max_refusals = max_refusals
         self._entries: OrderedDict[_Key, Answer] = OrderedDict()
+        # the kept refusals' keys, oldest first: a name that does not exist costs a client
+        # nothing to make, so refusals have a bound of their own inside the entries'
+        self._refusals: OrderedDict[_Key, None] = OrderedDict()
         self.bytes = 0
         self.hits = 0
         self.misses = 0
@@ -42,22 +58,34 @@ class KeptAnswers:
         if kept.size > self.max_bytes:
             return
         key = (host, image_key, kept.method, kept.owner)
+        self._drop(key)
+        self._entries[key] = kept
+        self.bytes += kept.size
+        if kept.status != 200:
+            self._refusals[key] = None
+        self._shrink()
+
+    @property
+    def refusals(self) -> int:
+        """Kept refusals (401, 403, 404) among the entries."""
+        return len(self._refusals)
+
+    def resize(self, max_entries: int, max_bytes: int, max_refusals: int) -> None:
+        """New bounds (a reload): the least recently used answers go until it fits."""
+        self.max_entries, self.max_bytes, self.max_refusals = max_entries, max_bytes, max_refusals
+        self._shrink()
+
+    def _drop(self, key: _Key) -> None:
         old = self._entries.pop(key, None)
         if old is not None:
             self.bytes -= old.size
-        self._entries[key] = kept
-        self.bytes += kept.size
-        self._shrink()
-
-    def resize(self, max_entries: int, max_bytes: int) -> None:
-        """New bounds (a reload): the least recently used answers go until it fits."""
-        self.max_entries, self.max_bytes = max_entries, max_bytes
-        self._shrink()
+            self._refusals.pop(key, None)
 
     def _shrink(self) -> None:
+        while len(self._refusals) > self.max_refusals:
+            self._drop(next(iter(self._refusals)))
         while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
-            _, evicted = self._entries.popitem(last=False)
-            self.bytes -= evicted.size
+            self._drop(next(iter(self._entries)))
 
     def find(self, request: RegistryRequest) -> Answer | None:
         """The newest kept answer that may serve ``request`` (R3, R5), marked recently used."""

@@ -33,7 +33,7 @@ from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.flights import Flights
 from kuikproxy.runtime.flowgate import FlowGate
 from kuikproxy.runtime.hosts import Hosts, limits_of
-from kuikproxy.runtime.kept import KeptAnswers, Unserved
+from kuikproxy.runtime.kept import KeptAnswers, Unserved, kept_bounds
 from kuikproxy.runtime.messages import (
     Answer,
     Headers,
@@ -79,7 +79,7 @@ class Pacer(Hosts):
                 oauth=self.spend_oauth,
             ),
             flow=FlowGate(config.flow_control, loop),
-            kept=KeptAnswers(config.cache.max_entries, config.cache.max_bytes),
+            kept=KeptAnswers(*kept_bounds(config)),
             # every host's resources and ring images, counted against the limits
             census=Census(limits_of(config)),
             sweeps=Sweeps(loop, self._sweep),
@@ -166,7 +166,7 @@ class Pacer(Hosts):
         now on) and the hosts (:meth:`Hosts._reconfigure_hosts`)."""
         self.registries.configure(config)
         old, self.services.config = self.config, config
-        self.kept.resize(config.cache.max_entries, config.cache.max_bytes)
+        self.kept.resize(*kept_bounds(config))
         if self.cache is not None:
             self.cache.store.resize(config.cache.blobs.max_bytes)
         if config.flow_control != old.flow_control:

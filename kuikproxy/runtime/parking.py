@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from kuikproxy.core.flowcontrol import Place
+from kuikproxy.core.limits import Census
 from kuikproxy.core.scheduler import HostScheduler
 from kuikproxy.core.tickets import Read, Ticket
 from kuikproxy.errors import RegistryError
@@ -44,11 +45,14 @@ class Parking:
     table it grew).
     """
 
-    __slots__ = ("_standing", "_waiters", "loop", "scheduler")
+    __slots__ = ("_standing", "_waiters", "census", "loop", "scheduler")
 
-    def __init__(self, scheduler: HostScheduler, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, scheduler: HostScheduler, loop: asyncio.AbstractEventLoop, census: Census
+    ) -> None:
         self.scheduler = scheduler
         self.loop = loop
+        self.census = census  # counts the requests held on every host (maxHeld)
         self._waiters: dict[Ticket, Waiter] | None = None
         # P11: the requests of clients that left (or were refused under maxHold), by their
         # standing ticket: a window reads the image for them as for a waiting request
@@ -137,6 +141,7 @@ class Parking:
         if self._waiters is None:
             self._waiters = {}
         self._waiters[ticket] = waiter
+        self.census.held += 1
         if expire_at is not None:
             waiter.expiry = self.loop.call_at(expire_at, expired, ticket)
         return waiter
@@ -150,6 +155,7 @@ class Parking:
         waiters = self._waiters
         assert waiters is not None
         del waiters[waiter.ticket]
+        self.census.held -= 1
         if not waiters:
             self._waiters = None
         waiter.request.flow.unpark(waiter.place)

@@ -70,9 +70,10 @@ class PullThrough:
 
     # -- reads by digest ------------------------------------------------------------------
 
-    def find(self, request: RegistryRequest) -> Body | None:
+    async def find(self, request: RegistryRequest) -> Body | None:
         """``request``'s content from the store, or from a read of it under way, when it may
-        have it (R5); None sends it the usual way (a window, then the registry)."""
+        have it (R5); None sends it the usual way (a window, then the registry). A stored file
+        changed since it was hashed is hashed again first (:meth:`BlobStore.lookup`)."""
         image = request.image
         if request.operation is not Operation.COPY:
             return None  # a check asks whether it is still there: only the registry knows
@@ -95,7 +96,7 @@ class PullThrough:
             except OSError as error:  # out of descriptors, say: the registry's to answer
                 log.warning("cannot follow the read of %s (%s)", digest, error)
                 return None
-        stored = self.store.lookup(digest)
+        stored = await self.store.lookup(digest)
         if stored is None:
             return None
         media_type = stored.media_type
@@ -216,11 +217,9 @@ class PullThrough:
     def _answer(self, record: TagRecord) -> Answer | None:
         if not self.store.owners(record.host, record.repository, record.digest):
             return None  # named by a HEAD, never read from that repository (:meth:`keep`)
-        stored = self.store.lookup(record.digest)
-        if stored is None or stored.size > MAX_MANIFEST:
+        body = self.store.read_small(record.digest, MAX_MANIFEST)
+        if body is None:
             return None
-        with stored.file:  # small, and just read or written: from the page cache
-            body = stored.file.read(MAX_MANIFEST)
         headers = (
             ("Content-Type", record.media_type),
             ("Content-Length", str(len(body))),

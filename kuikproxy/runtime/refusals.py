@@ -27,12 +27,19 @@ _WHAT = {
     Limit.RESOURCES: "resources",
     Limit.IMAGES: "ring images in all",
     Limit.RING_IMAGES: "images in this resource's ring",
+    Limit.HELD: "requests held for their windows",
 }
+_FORGOTTEN = (
+    "refused until one is forgotten, unusedImageRetention after its last request; what "
+    "kuikproxy holds already is served as before"
+)
 _NEW = {
-    Limit.HOSTS: "host",
-    Limit.RESOURCES: "resource",
-    Limit.IMAGES: "image",
-    Limit.RING_IMAGES: "image",
+    Limit.HOSTS: f"a new host is {_FORGOTTEN}",
+    Limit.RESOURCES: f"a new resource is {_FORGOTTEN}",
+    Limit.IMAGES: f"a new image is {_FORGOTTEN}",
+    Limit.RING_IMAGES: f"a new image is {_FORGOTTEN}",
+    Limit.HELD: "a request that would wait is refused until a held one is answered; kept "
+    "answers are served as before",
 }
 
 
@@ -47,9 +54,7 @@ class Refusals(RefusalLog):
         its ``503 UNAVAILABLE``: what is at the limit, and that what has state goes on."""
         value = limits.value(limit)
         error = Unavailable(
-            f"kuikproxy holds {value} {_WHAT[limit]} (limits.{limit}): a new {_NEW[limit]} is "
-            "refused until one is forgotten, unusedImageRetention after its last request; "
-            "what kuikproxy holds already is served as before",
+            f"kuikproxy holds {value} {_WHAT[limit]} (limits.{limit}): {_NEW[limit]}",
             detail={"host": host, "limit": str(limit), "value": value},
         )
         error.counted = True  # here, where it is made: the edge must not count it again

@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from kuikproxy.core.budget import Bound, MemoryBudget
 from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.quota import QuotaSnapshot
 from kuikproxy.core.scheduler import HostScheduler
@@ -36,6 +37,17 @@ class KeptStats:
     bytes: int
     hits: int
     misses: int
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStats:
+    """The memory budget (``/status.budget``): each bound's share, with what it holds now
+    (None where nothing counts it, the relays' reserve)."""
+
+    memory: int
+    source: str  # limits.memory, the cgroup file it was read from, or "default"
+    budget: MemoryBudget
+    used: dict[Bound, int | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +92,7 @@ class Snapshot:
     refused: dict[str, dict[str, int]]  # host → reason → count, for hosts with state (§12)
     refused_elsewhere: dict[str, int]  # reason → count, for what no host's state answers for
     kept: KeptStats
+    budget: BudgetStats
     store: StoreStats | None  # None: no pull-through store configured
     reads: ReadStats
     ring_stats: list[tuple[str, list[RingStat]]]  # host → its rings, for a scrape
@@ -124,6 +137,7 @@ def snapshot(
         refused=pacer.refusals(),
         refused_elsewhere=_elsewhere(pacer),
         kept=KeptStats(len(kept), kept.bytes, kept.hits, kept.misses),
+        budget=_budget(pacer),
         store=_store(pacer),
         reads=ReadStats(
             dict(pacer.flights.shared),
@@ -144,6 +158,23 @@ def _elsewhere(pacer: Pacer) -> dict[str, int]:
         for reason, count in log.counts.items():
             counts[reason] = counts.get(reason, 0) + count
     return counts
+
+
+def _budget(pacer: Pacer) -> BudgetStats:
+    config, census, kept, cache = pacer.config, pacer.census, pacer.kept, pacer.cache
+    memory, source = config.memory()
+    used: dict[Bound, int | None] = {
+        Bound.IMAGES: census.images,
+        Bound.RESOURCES: len(census),
+        Bound.HOSTS: pacer.wildcard_hosts,
+        Bound.HELD: census.held,
+        Bound.KEPT_BYTES: kept.bytes,
+        Bound.KEPT_ENTRIES: len(kept),
+        Bound.REFUSALS: kept.refusals,
+        Bound.CATALOG: 0 if cache is None else cache.store.catalog_entries,
+        Bound.RELAYS: None,
+    }
+    return BudgetStats(memory, source, config.budget(), used)
 
 
 def _store(pacer: Pacer) -> StoreStats | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from yarl import URL
 
 from kuikproxy.errors import Denied, UpstreamTimeout, UpstreamUnreachable
 from kuikproxy.upstream.detached import DetachedBody, detach
+from kuikproxy.upstream.framing import Faulted, FramedConnector
 from kuikproxy.upstream.guard import AddressGuard, AddressRefused, GuardedResolver
 
 GUARD = "addressGuard"  # the reason of the address guard's refusals (SPEC §12)
@@ -112,9 +114,16 @@ def end_to_end(headers: Sequence[tuple[str, str]] | CIMultiDictProxy[str]) -> CI
 
 
 class _AiohttpResponse:
-    def __init__(self, response: aiohttp.ClientResponse, what: str, deadline: float | None) -> None:
+    def __init__(
+        self,
+        response: aiohttp.ClientResponse,
+        what: str,
+        deadline: float | None,
+        faulted: Faulted,
+    ) -> None:
         self._response = response
         self._what = what
+        self._faulted = faulted
         # time.monotonic(): when the request's timeout runs out (aiohttp's own ``total`` is
         # on the loop's clock and bounds only what the loop reads)
         self._deadline = deadline
@@ -145,7 +154,9 @@ class _AiohttpResponse:
         """The rest of the body, taken from the loop to be read in a thread (see
         :mod:`kuikproxy.upstream.detached`), or None. Its connection is then closed when
         released, never reused."""
-        detached = detach(self._response, self._what, STALL_TIMEOUT, self._deadline)
+        detached = detach(
+            self._response, self._what, STALL_TIMEOUT, self._deadline, faulted=self._faulted
+        )
         self._detached = self._detached or detached is not None
         return detached
 
@@ -168,7 +179,9 @@ class AiohttpTransport:
     """Registries over aiohttp: pooled sessions, bodies left encoded as the registry sent
     them (digests are of the bytes on the wire), redirects not followed (the registry client
     follows them itself, to decide what crosses to another host), and forbidden addresses
-    refused when a guard is given.
+    refused when a guard is given. An answer whose framing lies (more bytes than it announced,
+    or fewer) fails, and its connection is never reused (:mod:`kuikproxy.upstream.framing`):
+    counted in :attr:`framing_faults`.
 
     Token requests (``realm``) have a session of their own: the realm endpoints the guard
     trusts for them must never be reached through a connection, or a resolved address, that
@@ -185,6 +198,17 @@ class AiohttpTransport:
         self._connect_timeout = connect_timeout
         self._limit = limit
         self._sessions: dict[bool, aiohttp.ClientSession] = {}
+        self._faults = 0
+        self._faults_lock = threading.Lock()  # counted by the loop and by relays' threads
+
+    @property
+    def framing_faults(self) -> int:
+        """Registry answers whose framing lied, since start (each logged once, at warning)."""
+        return self._faults
+
+    def _faulted(self) -> None:
+        with self._faults_lock:
+            self._faults += 1
 
     def _get_session(self, realm: bool) -> aiohttp.ClientSession:
         session = self._sessions.get(realm)
@@ -192,7 +216,9 @@ class AiohttpTransport:
             guard = self._guard
             resolver = GuardedResolver(guard, realm=realm) if guard is not None else None
             session = self._sessions[realm] = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._limit, resolver=resolver),
+                connector=FramedConnector(
+                    faulted=self._faulted, limit=self._limit, resolver=resolver
+                ),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
                 trust_env=False,
@@ -235,7 +261,7 @@ class AiohttpTransport:
             raise UpstreamTimeout(f"{what}: {_no_answer(request.timeout)}") from None
         except (aiohttp.ClientError, OSError) as e:
             raise UpstreamUnreachable(f"{what}: {_reason(e)}") from None
-        return _AiohttpResponse(response, what, deadline)
+        return _AiohttpResponse(response, what, deadline, self._faulted)
 
     async def close(self) -> None:
         sessions, self._sessions = self._sessions, {}

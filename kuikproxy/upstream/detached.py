@@ -21,6 +21,7 @@ import aiohttp
 from kuikproxy.errors import UpstreamTimeout, UpstreamUnreachable
 from kuikproxy.sockets import ThreadSocket
 from kuikproxy.upstream.decrypted import Decrypted
+from kuikproxy.upstream.framing import Faulted, faulted_warning
 
 # A body with at least this much still to come may be detached; a smaller one is not worth its
 # connection (a detached connection is never reused).
@@ -33,10 +34,15 @@ class Detached:
     """The rest of a body taken from aiohttp: ``arrived`` (what aiohttp had read of it), then
     ``remaining`` bytes in pieces (:meth:`next_piece`), read by the thread from ``sock``. Its
     waits are bounded by ``stall`` (as aiohttp's ``sock_read``) and by the request's own
-    ``deadline`` (its timeout, which aiohttp enforced while the loop read). Made and closed on
-    the loop; read by one thread in between."""
+    ``deadline`` (its timeout, which aiohttp enforced while the loop read). A byte already
+    there past its last one, or the connection's end short of it, breaks its framing
+    (:mod:`kuikproxy.upstream.framing`): the read fails (before its last piece is given), and
+    ``faulted`` counts it. Made and closed on the
+    loop; read by one thread in between."""
 
-    __slots__ = ("_free", "_what", "arrived", "deadline", "remaining", "sock", "stall")
+    __slots__ = (
+        "_faulted", "_free", "_what", "arrived", "deadline", "remaining", "sock", "stall",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -47,10 +53,12 @@ class Detached:
         *,
         stall: float,
         deadline: float | None,
+        faulted: Faulted,
     ) -> None:
         self.sock, self.arrived, self.remaining = sock, arrived, remaining
         self.stall, self.deadline = stall, deadline
         self._what = what
+        self._faulted = faulted
         self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
         for _ in range(RING):
             self._free.put(bytearray(min(READ_SIZE, remaining)))
@@ -66,10 +74,18 @@ class Detached:
             raise UpstreamTimeout(f"{self._what}: timed out while reading the body") from None
         except OSError as error:
             raise UpstreamUnreachable(f"{self._what}: broke off: {error}") from None
-        if not n:
+        if not n:  # the registry ended the connection short of its framing
+            why = f"the connection ended {self.remaining} bytes short of it"
+            faulted_warning(self._what, why)
+            self._faulted()
             message = f"{self._what}: broke off with {self.remaining} bytes to come"
             raise UpstreamUnreachable(message)
         self.remaining -= n
+        if not self.remaining and self.sock.pending():
+            why = "bytes past its Content-Length"
+            faulted_warning(self._what, why)
+            self._faulted()
+            raise UpstreamUnreachable(f"{self._what}: the registry sent {why}")
         return buffer[:n]
 
     def release(self, piece: memoryview) -> None:
@@ -88,7 +104,12 @@ DetachedBody = Detached | Decrypted  # the rest of a body, taken from aiohttp
 
 
 def detach(
-    response: aiohttp.ClientResponse, what: str, stall: float, deadline: float | None
+    response: aiohttp.ClientResponse,
+    what: str,
+    stall: float,
+    deadline: float | None,
+    *,
+    faulted: Faulted,
 ) -> DetachedBody | None:
     """The rest of ``response``'s body, if it has a ``Content-Length`` and at least
     :data:`DETACH_MIN` still to come, taken from aiohttp, which reads no more of it; None
@@ -127,4 +148,4 @@ def detach(
         body.take(transport, size=min(READ_SIZE, remaining), count=RING)
         return body
     sock = ThreadSocket(raw.fileno(), stall, deadline)
-    return Detached(sock, arrived, remaining, what, stall=stall, deadline=deadline)
+    return Detached(sock, arrived, remaining, what, stall=stall, deadline=deadline, faulted=faulted)

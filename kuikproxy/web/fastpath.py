@@ -20,6 +20,10 @@ are what a held request costs: ``bench/RESULTS.md`` §2); its handler then carri
 decision made (:func:`admitted`). Anything else goes aiohttp's way untouched — every other
 method, route, version or header, a pipelined request behind one that goes that way — and so
 does everything when aiohttp's protocol is not the one this module knows (:data:`SUPPORTED`).
+
+A connection aiohttp stops reading (its client pipelined past the queue) is watched for its
+client's hang-up meanwhile (:mod:`~kuikproxy.web.hangups`): a reset, a close or a half-close
+behind the queued requests lets the one under way go at once (P11).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from kuikproxy.runtime.clientread import ClientRead
 from kuikproxy.runtime.messages import Answer, RegistryRequest
 from kuikproxy.runtime.parking import Waiter
 from kuikproxy.web.classify import classify
+from kuikproxy.web.hangups import Hangups
 from kuikproxy.web.keys import ANSWERED, CURRENT, PACER
 
 log = logging.getLogger(__name__)
@@ -61,7 +66,14 @@ def supported(release: str) -> bool:
         release.startswith(KNOWN_RELEASES)
         and all(
             hasattr(RequestHandler, name)
-            for name in ("_messages", "_waiter", "_buffer_paused", "_next_keepalive_close_time")
+            for name in (
+                "_messages",
+                "_waiter",
+                "_buffer_paused",
+                "_next_keepalive_close_time",
+                "_pause_reading_for_buffer",
+                "_resume_reading_for_buffer",
+            )
         )
         and hasattr(HttpRequestParser, "message_consumed")
     )
@@ -101,6 +113,7 @@ class Server(web.Server):
     def __init__(self, answers: AsParsed, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.answers = answers
+        self.hangups = Hangups(self._loop)
 
     def __call__(self) -> RequestHandler:
         return Protocol(self, loop=self._loop, **self._kwargs)
@@ -110,7 +123,7 @@ class Protocol(RequestHandler):
     """aiohttp's protocol, answering kept answers as their requests are parsed, and parking a
     read that waits for its window before aiohttp makes anything of it."""
 
-    __slots__ = ("_early", "_early_message", "_early_ns")
+    __slots__ = ("_early", "_early_message", "_early_ns", "_hangup")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -121,6 +134,7 @@ class Protocol(RequestHandler):
         self._early: ClientRead | None = None
         self._early_message: RawRequestMessage | None = None
         self._early_ns: str | None = None  # its answer's OCI-Namespace (§3), if any
+        self._hangup: int | None = None  # the server's watch of the socket while it is not read
 
     def data_received(self, data: bytes) -> None:
         waiter = self._waiter
@@ -210,7 +224,37 @@ class Protocol(RequestHandler):
         else:
             self._close = True  # ``start()`` ends after its answer
 
+    def _pause_reading_for_buffer(self) -> None:
+        """aiohttp stops reading: its queue is full. The socket is watched for its client's
+        hang-up meanwhile, which aiohttp would not read either."""
+        super()._pause_reading_for_buffer()
+        server, transport = self._manager, self.transport
+        if self._hangup is None and isinstance(server, Server) and transport is not None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                self._hangup = server.hangups.watch(sock.fileno(), self._hung_up)
+
+    def _resume_reading_for_buffer(self) -> None:
+        self._unwatch()  # read again: aiohttp hears a hang-up itself
+        super()._resume_reading_for_buffer()
+
+    def _unwatch(self) -> None:
+        hangup, self._hangup = self._hangup, None
+        server = self._manager
+        if hangup is not None and isinstance(server, Server):
+            server.hangups.unwatch(hangup)
+
+    def _hung_up(self) -> None:
+        """Its client reset, closed or half-closed the connection while it was not read: aborted,
+        so the request under way goes at once, as when aiohttp reads a reset or an end (a
+        graceful close would wait to write to a client that stopped asking, over TLS for its
+        closing handshake too); what was written already is in the kernel's hands."""
+        self._hangup = None
+        if self.transport is not None:
+            self.transport.abort()
+
     def connection_lost(self, exc: BaseException | None) -> None:
+        self._unwatch()  # its watch goes with it (a reset told by aiohttp, say)
         early, self._early, self._early_message = self._early, None, None
         if early is not None:  # its client left before a handler took it: as if cancelled
             early.abandon()

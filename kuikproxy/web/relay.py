@@ -198,7 +198,9 @@ async def send_body(request: web.Request, body: Body, ns: str | None) -> web.Str
             if transport is None or transport.is_closing():
                 return response  # the client went away: nothing to tell it
             if transport.get_extra_info("ssl_object") is None:
-                await loop.sendfile(transport, body.file, offset, ready - offset)
+                sent = await loop.sendfile(transport, body.file, offset, ready - offset)
+                if sent < ready - offset:  # the file shrank under the read: it ends early
+                    raise UpstreamError(f"{body.digest}: its file ended early")
             else:  # asyncio's own fallback reads 16 KiB a thread hop: slower than this
                 await _write_span(response, body, offset, ready)
             body.sent += ready - offset
@@ -208,6 +210,9 @@ async def send_body(request: web.Request, body: Body, ns: str | None) -> web.Str
         return _break_off(request, response)
     except ConnectionError:
         return response
+    except OSError as error:  # the file cannot be read: never a body shorter than announced
+        log.warning("%s: %s; breaking off the client's answer", body.digest, error)
+        return _break_off(request, response)
     await response.write_eof()
     return response
 

@@ -65,9 +65,9 @@ async def run(root: Path, steps: list[Op]) -> None:
                 stored.file.close()
             assert (stored is not None) == (true and whole)
             if stored is None:
-                assert store.lookup(writer.digest) is None
+                assert await store.lookup(writer.digest) is None
         elif op == "lookup":
-            found = store.lookup(digest(BLOBS[a]))
+            found = await store.lookup(digest(BLOBS[a]))
             if found is not None:
                 found.file.close()
         elif op == "resize":

@@ -53,9 +53,9 @@ async def test_a_kill_mid_write_leaves_no_partial_blob(tmp_path: Path) -> None:
     assert len(blob_files(tmp_path)) == 2  # kept, and unindexed: stored but no row yet
     store = await BlobStore.open(str(tmp_path), 10**9)
     assert temp_files(tmp_path) == []
-    assert store.lookup(digest(content(5 * 1024 * 1024, 3))) is None
-    assert store.lookup(digest(content(5000, 2))) is None  # no row: deleted
-    kept = store.lookup(digest(content(5000, 1)))
+    assert await store.lookup(digest(content(5 * 1024 * 1024, 3))) is None
+    assert await store.lookup(digest(content(5000, 2))) is None  # no row: deleted
+    kept = await store.lookup(digest(content(5000, 1)))
     assert kept is not None
     with kept.file:
         assert read(kept) == content(5000, 1) and kept.media_type == "text/kept"
@@ -71,7 +71,7 @@ async def test_a_restart_keeps_blobs_media_types_grants_tags_and_lru_order(
     a, b, c = (content(100, seed) for seed in (10, 11, 12))
     for data in (a, b, c):
         await put(store, data, MANIFEST)
-    found = store.lookup(digest(a))
+    found = await store.lookup(digest(a))
     assert found is not None
     found.file.close()
     store.grant("h", "r", digest(b), None)
@@ -84,12 +84,12 @@ async def test_a_restart_keeps_blobs_media_types_grants_tags_and_lru_order(
     assert (store.count, store.used) == (3, 300)
     assert store.owners("h", "r", digest(b)) == {None, "own:x"}
     assert store.tags("h", "r", "latest") == [record] and store.all_tags() == [record]
-    found = store.lookup(digest(c))
+    found = await store.lookup(digest(c))
     assert found is not None
     with found.file:
         assert read(found) == c and found.media_type == MANIFEST
     await put(store, content(100, 13))  # b is the least recently used: a was looked up
-    assert store.lookup(digest(b)) is None
+    assert await store.lookup(digest(b)) is None
     assert store.owners("h", "r", digest(b)) == frozenset() and store.all_tags() == []
     await store.close()
 
@@ -117,7 +117,7 @@ async def test_a_lost_or_corrupt_index_costs_only_cache(tmp_path: Path) -> None:
     await store.close()
     (tmp_path / "index.sqlite").write_bytes(b"this is not a database" * 100)
     store = await BlobStore.open(str(tmp_path), 10**7)
-    assert store.count == 0 and store.lookup(digest(data)) is None
+    assert store.count == 0 and await store.lookup(digest(data)) is None
     assert blob_files(tmp_path) == []  # no row: nobody may be given it
     await put(store, data)
     await store.close()

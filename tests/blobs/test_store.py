@@ -51,7 +51,7 @@ async def test_round_trip(store: BlobStore, tmp_path: Path, declared: bool, algo
     with stored.file:
         assert (stored.digest, stored.size, stored.media_type) == (name, len(data), MANIFEST)
         assert read(stored) == data
-    found = store.lookup(name)
+    found = await store.lookup(name)
     assert found is not None
     with found.file:
         assert read(found) == data
@@ -65,7 +65,7 @@ async def test_round_trip(store: BlobStore, tmp_path: Path, declared: bool, algo
 async def test_no_media_type_and_empty_blob(store: BlobStore) -> None:
     stored = await put(store, b"")
     assert (stored.size, stored.media_type) == (0, None)
-    found = store.lookup(digest(b""))
+    found = await store.lookup(digest(b""))
     assert found is not None
     found.file.close()
 
@@ -81,7 +81,7 @@ async def test_a_mismatching_blob_is_never_stored(
     assert writer.write(data)
     assert await writer.finish() is None
     assert writer.aborted
-    assert store.lookup(claimed) is None
+    assert await store.lookup(claimed) is None
     assert (store.used, store.count) == (0, 0)
     assert blob_files(tmp_path) == [] and temp_files(tmp_path) == []
     assert store.writer(claimed, None, None) is not None  # free to be read again
@@ -118,7 +118,7 @@ async def test_writers_refused(store: BlobStore) -> None:
     assert store.writer(digest(b"x"), store.max_bytes + 1, None) is None  # can never fit
     for bad in ("sha256:../../etc/passwd", "sha256:" + "A" * 64, "md5:" + "0" * 32, "sha256:"):
         assert store.writer(bad, 1, None) is None
-        assert store.lookup(bad) is None
+        assert await store.lookup(bad) is None
 
 
 async def test_abort_after_finish_changes_nothing(store: BlobStore) -> None:
@@ -155,17 +155,17 @@ async def test_lru_eviction_order(tmp_path: Path) -> None:
     a, b, c, d, e = (content(100, seed) for seed in range(10, 15))
     for data in (a, b, c):
         await put(store, data)
-    found = store.lookup(digest(a))  # a is now the most recently used
+    found = await store.lookup(digest(a))  # a is now the most recently used
     assert found is not None
     found.file.close()
     await put(store, d)
-    assert store.lookup(digest(b)) is None
+    assert await store.lookup(digest(b)) is None
     assert (store.evictions, store.count, store.used) == (1, 3, 300)
     await put(store, e)
-    assert store.lookup(digest(c)) is None
+    assert await store.lookup(digest(c)) is None
     assert store.evictions == 2
     for data in (a, d, e):
-        found = store.lookup(digest(data))
+        found = await store.lookup(digest(data))
         assert found is not None
         found.file.close()
     assert len(blob_files(tmp_path)) == 3
@@ -217,7 +217,7 @@ async def test_a_volume_with_less_room_than_max_bytes_turns_blobs_away(
     assert writer is not None
     assert writer.write(b[:50])  # 150 more to come: 100 left for others
     assert store.writer(digest(c), 150, None) is not None  # a evicted: 100 + 100 free
-    assert store.evictions == 1 and store.lookup(digest(a)) is None
+    assert store.evictions == 1 and await store.lookup(digest(a)) is None
     room["free"] = 0
     assert store.writer(digest(content(10, 33)), 10, None) is None  # nothing left to evict
     assert store.evictions == 1
@@ -300,11 +300,11 @@ async def test_a_blob_that_cannot_be_opened_now_is_kept_and_one_gone_is_forgotte
         raise OSError(errno.EMFILE, "Too many open files")
 
     monkeypatch.setattr("builtins.open", out_of_descriptors)
-    assert store.lookup(digest(data)) is None
+    assert await store.lookup(digest(data)) is None
     monkeypatch.setattr("builtins.open", real_open)
     assert store.contains(digest(data)) and len(blob_files(tmp_path)) == 1
     blob_files(tmp_path)[0].unlink()
-    assert store.lookup(digest(data)) is None
+    assert await store.lookup(digest(data)) is None
     assert not store.contains(digest(data))
 
 
@@ -312,10 +312,10 @@ async def test_an_open_file_still_reads_after_its_blob_is_evicted(tmp_path: Path
     store = await BlobStore.open(str(tmp_path), 1000)
     data = content(1000, 50)
     await put(store, data)
-    found = store.lookup(digest(data))
+    found = await store.lookup(digest(data))
     assert found is not None
     await put(store, content(10, 51))  # evicts it
-    assert store.lookup(digest(data)) is None and store.evictions == 1
+    assert await store.lookup(digest(data)) is None and store.evictions == 1
     with found.file:
         assert read(found) == data
     await store.close()
@@ -334,7 +334,7 @@ async def test_a_finish_goes_on_when_its_caller_is_cancelled(store: BlobStore) -
     assert writer.finishing is not None
     result = await writer.finishing
     assert result is not None and result.file.closed  # nobody would close it
-    found = store.lookup(digest(data))
+    found = await store.lookup(digest(data))
     assert found is not None
     found.file.close()
 
@@ -418,7 +418,7 @@ async def test_a_closed_store_refuses(tmp_path: Path) -> None:
     await put(store, data)
     await store.close()
     await store.close()
-    assert store.lookup(digest(data)) is None
+    assert await store.lookup(digest(data)) is None
     assert store.writer(digest(b"x"), 1, None) is None
 
 

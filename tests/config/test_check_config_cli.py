@@ -132,12 +132,13 @@ def test_a_file_without_a_document_is_refused_at_start(
 
 
 def test_check_config_shows_the_limits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """check-config prints the limits on kept state, defaults filled in."""
+    """check-config prints the memory budget's split: a bound written as written, the others
+    sized from what it leaves, and maxRingImages within maxImages."""
     path = tmp_path / "limits.yaml"
-    path.write_text("limits: {maxHosts: 50, maxRingImages: 2000}\n")
+    path.write_text("limits: {memory: 256Mi, maxHosts: 50, maxRingImages: 2000}\n")
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
-    assert (
-        "\nlimits: maxHosts 50 (hosts under a wildcard), maxResources 10000, maxImages 1000000, "
-        "maxRingImages 2000\n"
-    ) in out
+    assert "\nmemory: 256.0Mi (limits.memory): 64.0Mi for the process, 51.2Mi headroom" in out
+    assert "\n  limits.maxHosts: 50 (0.8Mi, 16384 B each) as written\n" in out
+    assert "\n  limits.maxImages: 160051 (39.1Mi, 256 B each)\n" in out  # sized, not written
+    assert ("\nlimits: maxRingImages 2000 (of maxImages)\n") in out

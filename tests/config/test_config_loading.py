@@ -19,6 +19,7 @@ from kuikproxy.config import (
     load_config,
     parse_config,
 )
+from kuikproxy.core.budget import Bound
 from kuikproxy.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "config.yaml"
@@ -40,8 +41,12 @@ def test_embedded_default_values() -> None:
     assert dict(config.host_aliases) == {}
     assert config.resource_identity == ("header:Kuik-Resource", "proxyUser", "clientAddress")
     assert config.unused_image_retention == 86400.0
-    assert (config.cache.max_age, config.cache.max_entries) == (3600.0, 100_000)
-    assert config.cache.max_bytes == 256 * 1024**2
+    assert (config.cache.max_age, config.cache.max_entries, config.cache.max_bytes) == (
+        3600.0, None, None
+    )  # fmt: skip
+    memory, source = config.memory()  # the cgroup's limit where there is one, else the chart's
+    assert source != "default" or memory == 512 * 1024**2
+    assert not config.budget().over  # every bound sized from the budget fits in it
     assert config.state.path is None
     assert config.configured_hosts() == ()
     settings = config.registry("docker.io")
@@ -62,24 +67,26 @@ NO_DOCUMENT = {
     "tilde": "~\n",
     "document-start": "---\n",
     "document-start-and-end": "--- # nothing\n...\n",
+    "empty-mapping": "{}\n",
+    "empty-mapping-commented": "--- {}  # every host below was removed\n",
 }
-"""Files that hold no YAML document, or only a null one: the config names nothing."""
+"""Files with no settings in them: no YAML document, a null one, or a mapping without a key."""
 
 
 def nothing_in(path: Path) -> str:
-    """The error for a file in :data:`NO_DOCUMENT`: it names the file and says how to ask for
+    """The error for a file in :data:`NO_DOCUMENT`: it names the file and says how to run on
     the embedded default."""
     return (
-        f"{path}: no configuration in it (empty, comments only or null); "
-        "write {} to run on the embedded default"
+        f"{path}: no settings in it (empty, comments only, null or {{}}); "
+        "serve without --config runs on the embedded default"
     )
 
 
 @pytest.mark.parametrize("text", NO_DOCUMENT.values(), ids=NO_DOCUMENT.keys())
 def test_a_file_without_a_document_is_refused(tmp_path: Path, text: str) -> None:
-    """A file with nothing in it is refused, never read as the embedded default: the file was
-    named, and one truncated or emptied by mistake would otherwise drop every host it
-    configures."""
+    """A file with no settings in it is refused, never read as the embedded default: the file
+    was named, and one truncated, emptied or templated to ``{}`` by mistake would otherwise
+    drop every host it configures."""
     path = tmp_path / "kuikproxy.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError) as caught:
@@ -87,10 +94,11 @@ def test_a_file_without_a_document_is_refused(tmp_path: Path, text: str) -> None
     assert caught.value.errors == [nothing_in(path)]
 
 
-def test_a_file_of_an_empty_mapping_is_the_embedded_default(tmp_path: Path) -> None:
-    """``{}`` asks for the embedded default in so many words."""
+def test_a_file_with_one_setting_is_not_empty(tmp_path: Path) -> None:
+    """The rule is "no settings at all": one key, even one that leaves its block empty, is a
+    config (the embedded default with that key)."""
     path = tmp_path / "kuikproxy.yaml"
-    path.write_text("{}\n")
+    path.write_text("registries: {}\n")
     assert load_config(path) == load_config(None)
 
 
@@ -149,14 +157,14 @@ def test_durations_accept_strings_and_numbers() -> None:
     config = parse_config(
         """
 unusedImageRetention: 1h30m
-cache: {maxAge: 90, maxBytes: 1Gi}
+cache: {maxAge: 90, maxBytes: 128Mi}
 registries:
   default: {check: {interval: 1.5, timeout: 250ms, followUp: "3"}, copy: {timeout: 1h}}
 """
     )
     assert config.unused_image_retention == 5400.0
     assert config.cache.max_age == 90.0
-    assert config.cache.max_bytes == 1024**3
+    assert config.cache.max_bytes == 128 * 1024**2
     check = config.registry("x.example").check
     assert (check.interval, check.timeout, check.follow_up) == (1.5, 0.25, 3.0)
     assert config.registry("x.example").copy.timeout == 3600.0
@@ -479,3 +487,17 @@ def test_limits_are_counts_above_zero() -> None:
         "limits.maxImages: Input should be a valid integer",
         "limits.maxRing: unknown key",
     ]
+
+
+def test_bounds_written_past_the_memory_budget_are_refused() -> None:
+    """The old defaults written out (256Mi of kept answers, a million images) do not fit the
+    chart's 512Mi with the rest: refused, saying by how much; with a budget they fit, accepted,
+    and the bounds left unset share what they leave."""
+    old = "cache: {maxBytes: 256Mi, maxEntries: 100000}\nlimits: {maxImages: 1000000}\n"
+    errors = errors_of(old)
+    assert len(errors) == 1 and errors[0].startswith("limits.memory: the bounds written (")
+    assert "lower them or raise limits.memory" in errors[0]
+    config = parse_config(old.replace("limits: {", "limits: {memory: 2Gi, "))
+    budget = config.budget()
+    assert not budget.over and budget.value(Bound.IMAGES) == 1_000_000
+    assert budget.value(Bound.HOSTS) > 0 and not budget.shares[-1].set

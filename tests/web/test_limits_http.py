@@ -245,3 +245,35 @@ async def test_a_reload_changes_the_limits_from_then_on(
     pacer.reconfigure(replace(pacer.config, limits=LimitsSettings(max_resources=1)))
     assert (await head(client, "v2", "c")).status == 200
     await refused(await check(client, "v1", "d"), "maxResources", 1, HOST)
+
+
+async def test_max_held_refuses_a_request_past_it_and_the_budget_shows_each_bound(
+    proxy: ProxyFactory, registry: tuple[Registry, object]
+) -> None:
+    """At ``maxHeld`` held requests (over every host), one more that would wait is refused 503
+    and counted; one that needs no wait (a kept answer) is still served; as the held ones are
+    answered, room comes back. ``/status.budget`` and ``kuik_proxy_bound_*`` show each bound's
+    limit and use, the written one marked."""
+    _ = registry
+    client = await proxy(top=top(maxHeld=2))
+    assert (await head(client, "v0", "a")).status == 200  # the window: read at once
+    held = [asyncio.ensure_future(check(client, f"v{n}", f"r{n}")) for n in (1, 2)]
+    await asyncio.sleep(0.01)  # both parked for the next windows (200 ms apart)
+    status = await (await client.get("/status")).json()
+    bounds = status["budget"]["bounds"]
+    assert bounds["limits.maxHeld"] == {
+        "limit": 2, "each": 4096, "bytes": 8192, "used": 2, "set": True
+    }  # fmt: skip
+    assert bounds["limits.maxImages"]["used"] == 3 and not bounds["limits.maxImages"]["set"]
+    assert bounds["cache.maxEntries"]["used"] == 1
+    await refused(await check(client, "v3", "r3"), "maxHeld", 2, HOST)
+    assert (await head(client, "v0", "b")).status == 200  # a kept answer needs no wait
+    assert [r.status for r in await asyncio.gather(*held)] == [200, 200]
+    assert (await (await client.get("/status")).json())["budget"]["bounds"]["limits.maxHeld"][
+        "used"
+    ] == 0
+    metrics_text = await scrape(client)
+    assert named(metrics_text, "kuik_proxy_bound_limit")[(("bound", "limits.maxHeld"),)] == 2
+    assert named(metrics_text, "kuik_proxy_refusals_total") == {
+        (("reason", "maxHeld"), ("registry", HOST)): 1
+    }
