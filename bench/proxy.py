@@ -285,7 +285,7 @@ def start_kuikproxy(
         "listen": f"{LOOPBACK}:{port}",
         # the worst case makes a new resource (a ring) per request, hundreds of thousands of
         # them: past the default limits on purpose, to measure the kept-answer path they take
-        "limits": {"maxResources": 10_000_000, "maxImages": 10_000_000},
+        "limits": {"memory": "32Gi", "maxResources": 10_000_000, "maxImages": 10_000_000},
         "registries": {
             BENCH_HOST: {"upstream": upstream, "paced": False},
             KEPT_HOST: {"upstream": upstream, "check": {"interval": "100ms"}},

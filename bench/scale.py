@@ -99,7 +99,7 @@ async def start(hosts: int, path: str) -> tuple[web.AppRunner, web.AppRunner, in
         f"""
 state: {{path: "{path}"}}
 defaultRegistry: {host_name(0)}
-limits: {{maxResources: 10000000, maxImages: 10000000}}
+limits: {{memory: 32Gi, maxResources: 10000000, maxImages: 10000000}}
 registries:
   default: {{check: {{interval: 1h}}}}
 {blocks}
