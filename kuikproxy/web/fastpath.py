@@ -248,7 +248,7 @@ class Protocol(RequestHandler):
         """Its client reset, closed or half-closed the connection while it was not read: aborted,
         so the request under way goes at once, as when aiohttp reads a reset or an end (a
         graceful close would wait to write to a client that stopped asking, over TLS for its
-        closing handshake too); what was written already is in the kernel's hands."""
+        closing handshake too); the socket is closed as a graceful close would close it."""
         self._hangup = None
         if self.transport is not None:
             self.transport.abort()

@@ -49,11 +49,7 @@ async def settles(client: TestClient[object, object], tasks: int, fds: int) -> b
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 1.0
     while loop.time() < deadline:
-        if (
-            await parked(client) == 0
-            and len(asyncio.all_tasks()) <= tasks
-            and descriptors() <= fds
-        ):
+        if await parked(client) == 0 and len(asyncio.all_tasks()) <= tasks and descriptors() <= fds:
             return True
         await asyncio.sleep(0.02)
     return False
