@@ -79,11 +79,29 @@ async def exchange(
     closes, or ``timeout`` passes (loop time). The first ``heads`` answers are to ``HEAD``
     requests: their ``Content-Length`` announces no body."""
     reader, writer = await asyncio.open_connection(host, port)
-    buffer = b""
-    result = Exchange()
     try:
         writer.write(data)
         await writer.drain()
+        return await answers(reader, heads=heads, expect=expect, timeout=timeout)
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+async def answers(
+    reader: asyncio.StreamReader,
+    buffer: bytes = b"",
+    *,
+    heads: int = 0,
+    expect: int = 1,
+    timeout: float = 5.0,
+) -> Exchange:
+    """Read answers from ``reader`` (``buffer``: bytes of them already read) until ``expect``
+    are complete, the server closes or resets, or ``timeout`` passes (loop time); the first
+    ``heads`` are to ``HEAD`` requests."""
+    result = Exchange()
+    try:
         async with asyncio.timeout(timeout):
             while len(result.responses) < expect:
                 parsed, buffer = _parse(buffer, head=len(result.responses) < heads)
@@ -99,10 +117,6 @@ async def exchange(
         pass
     except ConnectionResetError:
         result.closed = True
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
     result.rest = buffer
     return result
 
