@@ -10,8 +10,9 @@ lost with it. So one number, the budget (``limits.memory``: the pod's limit by d
   caches: ~56 MiB at start) and :data:`HEADROOM` of the budget for what the allocator does not
   give back (fragmentation, a collection's garbage, a reload's two configs);
 * the rest into :data:`SHARES`, each the bound's fraction; a bound's value is its share over what
-  one item costs (:data:`COSTS`, measured by ``bench/state.py`` and ``bench/budget.py``, rounded
-  up).
+  one item costs (:data:`COSTS`, measured by ``bench/state.py``, rounded up; a held request's is
+  an estimate until a flood of every bound at once measures it). The relays' share is a reserve
+  the other bounds leave free: nothing refuses a relay by it yet.
 
 A bound set in the config is taken as written and priced the same; the others share what it left.
 When the bounds set take more than there is, :attr:`MemoryBudget.over` says by how much and the
