@@ -10,6 +10,7 @@ import signal
 
 from aiohttp import web
 
+from kuikproxy.allocator import keep_large_blocks_mapped
 from kuikproxy.app import build_app
 from kuikproxy.config import Config
 from kuikproxy.forward.front import FrontSite
@@ -38,6 +39,7 @@ def tune_garbage_collection() -> None:
 
 
 def run(config: Config, config_path: str | None = None) -> None:
+    keep_large_blocks_mapped()
     tune_garbage_collection()
     asyncio.run(serve(config, config_path))
 

@@ -19,6 +19,7 @@ socket's descriptor:
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import select
 import socket
@@ -57,25 +58,38 @@ class ThreadSocket:
         except OSError:  # none yet (EAGAIN), or the connection is gone: nothing past the end
             return False
 
-    def sendall(self, data: bytes | memoryview) -> None:
+    def sendall(self, data: bytes | memoryview, within: float = math.inf) -> memoryview:
+        """Send ``data``; what the peer has not taken after ``within`` seconds of waiting for
+        it is returned unsent (nothing, when it took it all)."""
         view = memoryview(data).cast("B")
+        patience = time.monotonic() + within
         while view:
             try:
                 view = view[self._sock.send(view) :]
             except BlockingIOError:
-                self._wait(select.POLLOUT)
+                if not self._wait(select.POLLOUT, patience):
+                    break
+        return view
 
-    def _wait(self, event: int) -> None:
+    def _wait(self, event: int, patience: float = math.inf) -> bool:
+        """Until the socket is ready for ``event``: False when ``patience`` (monotonic) came
+        first, :class:`TimeoutError` when the stall timeout or the deadline did."""
+        now = time.monotonic()
         wait = self._stall
         if self._deadline is not None:
-            wait = min(wait, self._deadline - time.monotonic())
+            wait = min(wait, self._deadline - now)
+        if wait <= 0:
+            raise TimeoutError
         self._poll.register(self._sock, event)
         try:
             # an error or a hang-up is ready too: the call after it says what happened
-            if wait <= 0 or not self._poll.poll(wait * 1000):
-                raise TimeoutError
+            if self._poll.poll(max(0.0, min(wait, patience - now)) * 1000):
+                return True
         finally:
             self._poll.unregister(self._sock)
+        if patience - now < wait:
+            return False
+        raise TimeoutError
 
     def shutdown(self) -> None:
         """End the connection for everyone (the loop's descriptor too): a thread blocked in

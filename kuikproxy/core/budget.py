@@ -10,8 +10,8 @@ lost with it. So one number, the budget (``limits.memory``: the pod's limit by d
   caches: ~56 MiB at start) and :data:`HEADROOM` of the budget for what the allocator does not
   give back (fragmentation, a collection's garbage, a reload's two configs);
 * the rest into :data:`SHARES`, each the bound's fraction; a bound's value is its share over what
-  one item costs (:data:`COSTS`, measured by ``bench/state.py``, rounded up; a held request's is
-  an estimate until a flood of every bound at once measures it). The relays' share is a reserve
+  one item costs (:data:`COSTS`, measured by ``bench/state.py``, rounded up; a held request's by
+  ``bench/flood.py``, 15,000 held at once). The relays' share is a reserve
   the other bounds leave free: nothing refuses a relay by it yet.
 
 A bound set in the config is taken as written and priced the same; the others share what it left.
@@ -48,7 +48,7 @@ COSTS: Mapping[Bound, int] = {
     Bound.IMAGES: 256,  # a ring image, its key included (~220 B measured)
     Bound.RESOURCES: 2048,  # a resource with a one-image ring and its census entry (~1.9 KiB)
     Bound.HOSTS: 16 * 1024,  # a host's scheduler, series, buckets and counts (~14 KiB)
-    Bound.HELD: 4096,  # a parked request: its message, handler, connection and transport
+    Bound.HELD: 9 * 1024,  # a parked request, its connection and transport (~8.2 KiB measured)
     Bound.KEPT_BYTES: 1,  # a kept answer's body, byte for byte
     Bound.KEPT_ENTRIES: 1024,  # a kept answer's object, headers and key, body aside
     Bound.REFUSALS: 1024,  # a kept 401/403/404: an entry with a small body

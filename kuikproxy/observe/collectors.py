@@ -4,8 +4,9 @@ from the :class:`~kuikproxy.runtime.snapshot.Snapshot` of the scrape.
 The pacing state — ring sizes, laps, intervals, window outcomes, waiting requests, blocks — is
 the scheduler's, never kept twice (:class:`PacingCollector`); so are the priority levels'
 (:class:`FlowControlCollector`), the quota buckets' (:class:`QuotaCollector`), the refusals'
-(:class:`RefusalCollector`), the fleet's (:class:`FleetCollector`) and the pull-through
-store's (:class:`StoreCollector`). The per-ring series are
+(:class:`RefusalCollector`), the fleet's (:class:`FleetCollector`), the pull-through
+store's (:class:`StoreCollector`) and the faults of the wire (:class:`FaultCollector`). The
+per-ring series are
 rendered by hand (:func:`ring_families`, ~0.5 µs a sample against prometheus-client's ~5).
 """
 
@@ -392,6 +393,10 @@ class StoreCollector(_Scraping):
             "Manifests answered from the store while their registry was blocked or unreachable "
             "(serveStale).",
         )
+        rejected = CounterMetricFamily(
+            "kuik_proxy_store_rejected_files",
+            "Store files found not to be their blob when opened: dropped, read again.",
+        )
         if store is not None:
             for source in ("store", "shared", "registry"):
                 served.add_metric([source], store.served_bytes.get(source, 0))
@@ -401,7 +406,39 @@ class StoreCollector(_Scraping):
             blobs.add_metric([], store.blobs)
             evictions.add_metric([], store.evictions)
             stale.add_metric([], store.stale)
-        return [served, reads, size, limit, blobs, evictions, stale]
+            rejected.add_metric([], store.rejected)
+        return [served, reads, size, limit, blobs, evictions, stale, rejected]
+
+
+class FaultCollector(_Scraping):
+    """What was wrong on the wire, either way: malformed requests by reason (§12), and
+    registry answers whose framing lied."""
+
+    def describe(self) -> list[Metric]:
+        return self._families({}, 0)
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._scraped()
+        return iter(self._families(snap.client_errors, snap.framing_faults))
+
+    @staticmethod
+    def _families(client_errors: Mapping[str, int], framing_faults: int) -> list[Metric]:
+        malformed = CounterMetricFamily(
+            "kuik_proxy_client_errors",
+            "Requests aiohttp's parser refused, answered with an OCI error, by reason: "
+            "line-too-long, header-too-large, bad-header, bad-framing, bad-path, bad-method, "
+            "bad-version, other.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(client_errors.items()):
+            malformed.add_metric([reason], count)
+        lied = CounterMetricFamily(
+            "kuik_proxy_upstream_framing_faults",
+            "Registry answers carrying more or fewer bytes than their framing said: failed, "
+            "their connection never reused.",
+        )
+        lied.add_metric([], framing_faults)
+        return [malformed, lied]
 
 
 class BudgetCollector(_Scraping):

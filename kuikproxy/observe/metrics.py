@@ -33,6 +33,7 @@ from prometheus_client import (
 
 from kuikproxy.observe.collectors import (
     BudgetCollector,
+    FaultCollector,
     FleetCollector,
     FlowControlCollector,
     PacingCollector,
@@ -84,6 +85,7 @@ class Metrics:
             ReadCollector,
             StoreCollector,
             WaitCollector,
+            FaultCollector,
         ):
             self.registry.register(collector(self._scrape))
         self.requests = Counter(

@@ -35,6 +35,7 @@ from kuikproxy.observe.statusmodels import (
     RingStatus,
     Status,
     StoreStatus,
+    UpstreamStatus,
     WindowCounts,
 )
 from kuikproxy.runtime.fleet import FleetView
@@ -182,6 +183,7 @@ def build_status(
         resourcesTotal=page.total,
         resourcesNext=page.next,
         refused=snap.refused_elsewhere,
+        clientErrors=snap.client_errors,
         cache=CacheStatus(
             entries=kept.entries,
             bytes=kept.bytes,
@@ -197,10 +199,12 @@ def build_status(
                 servedBytes=s.served_bytes,
                 reads=s.reads,
                 stale=s.stale,
+                rejected=s.rejected,
             ),
         ),
         budget=_budget(snap.budget),
         reads=ReadsStatus(shared=snap.reads.shared, registry=snap.reads.registry),
+        upstream=UpstreamStatus(framingFaults=snap.framing_faults),
         flowControl=flow_control_status(snap.server_concurrency_limit, snap.levels, clock),
         fleet=None if snap.fleet is None else fleet_status(snap.fleet, clock),
     )

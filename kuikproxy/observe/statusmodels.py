@@ -105,6 +105,9 @@ class StoreStatus(_Model):
     served_bytes: dict[str, int] = Field(alias="servedBytes")
     reads: dict[str, int]
     stale: int
+    rejected: int = Field(
+        0, description="files found not to be their blob when opened, dropped and read again"
+    )
 
 
 class ReadsStatus(_Model):
@@ -117,6 +120,14 @@ class ReadsStatus(_Model):
     registry: dict[str, int] = Field(
         description="requests sent to the registries, a read signed in after a challenge "
         "counted twice: what a registry's own access log counts"
+    )
+
+
+class UpstreamStatus(_Model):
+    framing_faults: int = Field(
+        alias="framingFaults",
+        description="registry answers carrying more or fewer bytes than their framing said: "
+        "failed, their connection never reused",
     )
 
 
@@ -211,8 +222,15 @@ class Status(_Model):
     refused: dict[str, int] = Field(
         description="requests refused for a host kuikproxy holds no state for, by reason (maxHosts)"
     )
+    client_errors: dict[str, int] = Field(
+        default_factory=dict,
+        alias="clientErrors",
+        description="malformed requests aiohttp's parser refused, by reason (line-too-long, "
+        "header-too-large, bad-header, bad-framing, bad-path, bad-method, bad-version, other)",
+    )
     cache: CacheStatus
     budget: BudgetStatus
     reads: ReadsStatus
+    upstream: UpstreamStatus
     flow_control: FlowControlStatus = Field(alias="flowControl")
     fleet: FleetStatus | None = Field(None, description="None: this proxy paces alone")

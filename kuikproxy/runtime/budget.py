@@ -27,7 +27,7 @@ from kuikproxy.core.quota import (
 )
 from kuikproxy.core.scheduler import HostScheduler
 from kuikproxy.runtime.fleet import FleetLink
-from kuikproxy.runtime.flowgate import Flow
+from kuikproxy.runtime.flowgate import Flow, HeldSeat
 
 
 def quota_specs(settings: RegistrySettings) -> tuple[BucketSpec, ...]:
@@ -103,20 +103,21 @@ class Budget:
     @asynccontextmanager
     async def seat(
         self, image: Image, method: str, authorization: str | None, flow: Flow
-    ) -> AsyncIterator[None]:
+    ) -> AsyncIterator[HeldSeat]:
         """Wait until a request may go upstream — the quota lets it and its priority level
         gives it a seat — and hold the seat while the block inside sends it and relays the
-        answer."""
+        answer (or until it gives it back before)."""
         while True:
             await self.spend(image, method, authorization)
             await flow.take()
             if self.blocked_until(self.loop.time()) is None:
                 break
             flow.give_back()  # the host said stop while it waited for a seat
+        held = HeldSeat(flow)
         try:
-            yield
+            yield held
         finally:
-            flow.give_back()
+            held.give_back()
 
     async def spend(self, image: Image, method: str, authorization: str | None) -> None:
         """Wait until the quota lets a read of ``image`` go, and take its tokens."""

@@ -10,6 +10,7 @@ renders what it yields; it never sees the upstream client.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import replace
@@ -28,8 +29,9 @@ from kuikproxy.errors import (
     UpstreamUnreachable,
 )
 from kuikproxy.runtime.content import mismatch
-from kuikproxy.runtime.fanout import FanOut, Follower
+from kuikproxy.runtime.fanout import WINDOW, FanOut, Follower
 from kuikproxy.runtime.flights import Flight, Outcome
+from kuikproxy.runtime.flowgate import HeldSeat
 from kuikproxy.runtime.heldread import HeldRead, not_idle, prove
 from kuikproxy.runtime.host import Admitted
 from kuikproxy.runtime.hosts import Hosts
@@ -45,6 +47,7 @@ from kuikproxy.runtime.messages import (
 )
 from kuikproxy.runtime.parking import Waiter
 from kuikproxy.runtime.pullthrough import PullThrough, stored_by_digest
+from kuikproxy.runtime.relayroom import FOLLOWING, ON_THE_LOOP, SHARED, THREADED
 from kuikproxy.runtime.services import Services
 from kuikproxy.runtime.trips import Trip, fleet_of
 from kuikproxy.runtime.windowreads import whole
@@ -59,8 +62,7 @@ class ClientRead:
 
     __slots__ = (
         "_body", "_connection", "_early", "_follower", "_go", "_hosts", "_opened", "_request",
-        "_services",
-        "_timeout",
+        "_room", "_services", "_timeout",
     )  # fmt: skip
 
     def __init__(
@@ -80,6 +82,7 @@ class ClientRead:
         self._early: Admitted | RegistryError | None = None  # admitted before it was entered
         self._follower: Follower | None = None  # its place in a blob given from memory
         self._timeout: float | None = None  # its upstream read's, for the rest of a blob
+        self._room = 0  # bytes of the relays' room its blob's relay holds
 
     def __aenter__(self) -> Awaitable[Reply]:
         """The read itself, not a coroutine awaiting it: a held request pays for every frame
@@ -288,8 +291,34 @@ class ClientRead:
                 self._follower.close()
             if self._go is not None:
                 self._go.done()
+            self._give_room()
 
     async def _send(self, timeout: float | None, *, seated: bool) -> Reply:
+        """The read goes upstream, a blob's with room for its relay (:mod:`~kuikproxy.runtime.
+        relayroom`), held until the read ends."""
+        services, request = self._services, self._request
+        if request.image.route == BLOBS and request.method == "GET" and services.cache is None:
+            # a read that will follow one in flight is relayed from its window by the loop
+            alone = services.flights.joinable(request) is None
+            self._room = await services.relays.take(
+                request.resource, want=THREADED if alone else ON_THE_LOOP, at_least=ON_THE_LOOP
+            )
+        try:
+            return await self._read(timeout, seated=seated)
+        except BaseException:
+            self._give_room()
+            raise
+
+    def _fit_room(self, needed: int) -> None:
+        if self._room:
+            self._room = self._services.relays.fit(self._request.resource, self._room, needed)
+
+    def _give_room(self) -> None:
+        room, self._room = self._room, 0
+        if room:
+            self._services.relays.give(self._request.resource, room)
+
+    async def _read(self, timeout: float | None, *, seated: bool) -> Reply:
         """The read goes upstream — unless the same read is in flight and may serve it (R2):
         it follows that one then, and reads on its own only when what landed is not its."""
         services, request = self._services, self._request
@@ -320,6 +349,8 @@ class ClientRead:
             return Reply(answer=given)
         if isinstance(given, FanOut):
             self._follower = given.follower(self._rest)
+            self._follower.paced = self._copy_part_done
+            self._fit_room(FOLLOWING)
             return Reply(shared=self._follower)
         raise given
 
@@ -342,12 +373,18 @@ class ClientRead:
             length = opened.headers.get("Content-Length", "")
             if services.cache is not None or content is None or not length.isdigit():
                 return reply, None  # the store's, or not one to share
+            size = int(length)
+            self._fit_room(2 * size + FOLLOWING)  # a small blob's relay needs less
             if not flight.followed:  # nobody else asked meanwhile: relayed alone, in a thread
                 return reply, None
             stack, self._opened = self._opened, None  # the read's from now on
-            fan = services.flights.fan_out(flight, opened, stack, content, int(length))
+            # the window its followers read from: as much of the blob as the relays' room has
+            window = services.relays.take_window(min(WINDOW, size))
+            stack.callback(services.relays.give, SHARED, window)
+            fan = services.flights.fan_out(flight, opened, stack, content, size, window=window)
             services.spawn(fan.run())
             self._follower = fan.follower(self._rest)
+            self._follower.paced = self._copy_part_done
             return Reply(shared=self._follower), fan
         try:
             answer = await whole(request, opened, services.loop.time())
@@ -365,8 +402,26 @@ class ClientRead:
         sent = request.sent
         headers = tuple(sent.items()) if not isinstance(sent, tuple) else sent
         rest = replace(request, sent=(*headers, ("Range", f"bytes={offset}-")))
-        async with self._hosts.upstream(rest), self._send_read(rest, self._timeout) as opened:
+        async with (
+            self._hosts.upstream(rest) as seat,
+            self._send_read(rest, self._timeout) as opened,
+        ):
+            opened.paced = functools.partial(self._client_paced, seat)
             yield opened
+
+    def _client_paced(self, seat: HeldSeat) -> None:
+        """Its client, not the registry, sets the pace of its answer's relay now: its seat goes
+        back to its level, and its part of an open copy ends (:meth:`_copy_part_done`)."""
+        seat.give_back()
+        self._copy_part_done()
+
+    def _copy_part_done(self) -> None:
+        """Its part of an open copy ends before its client has read the whole: the client sets
+        the pace, and the host's next copy window must not wait for a slow client (P9,
+        :mod:`~kuikproxy.runtime.pace`)."""
+        go, self._go = self._go, None
+        if go is not None:
+            go.done()
 
     def _left(self, go: Go) -> float | None:
         """What is left of a copy's ``copy.timeout`` (504 at once when nothing is)."""
@@ -391,10 +446,12 @@ class ClientRead:
         request = self._request
         stack = AsyncExitStack()
         try:
-            await stack.enter_async_context(
+            seat = await stack.enter_async_context(
                 self._hosts.upstream(request) if seated else request.flow.seat()
             )
             opened = await stack.enter_async_context(self._send_read(request, timeout))
+            opened.paced = functools.partial(self._client_paced, seat)
+            opened.threaded = self._room >= THREADED
         except BaseException:
             await stack.aclose()
             raise

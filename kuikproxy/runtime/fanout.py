@@ -26,10 +26,11 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, suppress
 from kuikproxy.core.digests import Content, Hasher, algorithm_of, hasher
 from kuikproxy.errors import KuikProxyError, UpstreamError
 from kuikproxy.runtime.messages import KEPT_HEADERS, Headers, Opened
+from kuikproxy.runtime.pace import Pace
 
 log = logging.getLogger(__name__)
 
-WINDOW = 16 * 1024 * 1024  # bytes of a blob held for its clients at once
+WINDOW = 16 * 1024 * 1024  # bytes of a blob held for its clients at once, at most
 # seconds a client may hold the others back, a whole window behind them, before it is overtaken:
 # a fast client that stalls a moment (scheduling, a TCP window) catches up well within it
 OVERTAKE_AFTER = 0.5
@@ -51,7 +52,8 @@ class FanOut:
 
     __slots__ = (
         "_arrived", "_chunks", "_content", "_ended", "_expected", "_failure", "_followers", "_held",
-        "_moved", "_opened", "_over", "_popped", "_stack", "headers", "owner", "size", "verified",
+        "_moved", "_opened", "_over", "_pace", "_popped", "_stack", "_window", "headers", "owner",
+        "size", "verified",
     )  # fmt: skip
 
     def __init__(
@@ -64,6 +66,7 @@ class FanOut:
         owner: str | None,
         ended: Callable[[FanOut], None],
         expected: int = 1,
+        window: int | None = None,
     ) -> None:
         self._opened = opened  # the registry's answer, open until the read ends
         self._stack = stack  # the seat and quota the read holds, and the answer itself
@@ -86,6 +89,9 @@ class FanOut:
         self._failure: UpstreamError | None = None
         self.verified = False  # the whole arrived and hashed to its digest
         self._over = False  # the registry's read ended: the window only drains from now on
+        self._pace = Pace.of(opened)  # the read's waits on its clients, timed
+        # bytes it may hold (beyond one chunk): what the relays' room gave, WINDOW at most
+        self._window = WINDOW if window is None else min(window, WINDOW)
 
     @property
     def joinable(self) -> bool:
@@ -172,7 +178,7 @@ class FanOut:
         another one back for :data:`OVERTAKE_AFTER`, else by waiting for the clients (the
         registry is faster)."""
         loop = asyncio.get_running_loop()
-        while self._chunks and self._held + coming > WINDOW:
+        while self._chunks and self._held + coming > self._window:
             oldest, before = self._chunks[0]
             behind = [f for f in self._followers if f.index == self._popped]
             if behind:
@@ -199,11 +205,16 @@ class FanOut:
             self._wake()
 
     async def _until_moved(self, timeout: float | None) -> None:
-        """Until a client moves or leaves (or ``timeout`` seconds pass)."""
+        """Until a client moves or leaves (or ``timeout`` seconds pass). The read waits on its
+        clients meanwhile, not on the registry (:class:`Pace`)."""
         self._moved.clear()
-        with suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await self._moved.wait()
+        self._pace.waiting()
+        try:
+            with suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._moved.wait()
+        finally:
+            self._pace.waited()
 
     def _fail(self, error: UpstreamError | None) -> None:
         self._failure = error or UpstreamError(f"the read of {self._content.digest} broke off")
@@ -236,11 +247,14 @@ class FanOut:
 class Follower:
     """One client's place in a :class:`FanOut`: it takes the blob's bytes in order."""
 
-    __slots__ = ("_fan", "_resume", "index", "lagging_since", "offset", "overtaken")
+    __slots__ = ("_fan", "_resume", "index", "lagging_since", "offset", "overtaken", "paced")
 
     def __init__(self, fan: FanOut, resume: Resume | None) -> None:
         self._fan = fan
         self._resume = resume
+        # what its client's read lets go of once the client sets its pace (its part of an
+        # open copy, P9): its pieces are in memory already, the registry is not waited on
+        self.paced: Callable[[], None] | None = None
         self.index = 0  # the next chunk it takes, counted from the blob's first
         self.offset = 0  # bytes it took
         self.overtaken: Overtaken | None = None
@@ -263,6 +277,7 @@ class Follower:
         """The blob, in order: from the window, then on its own if it was overtaken.
         :class:`UpstreamError` when the read failed or the content was not the digest's."""
         fan = self._fan
+        pace = Pace(self.paced)  # the time its client takes each piece, between yields
         try:
             while True:
                 try:
@@ -275,7 +290,9 @@ class Follower:
                 if not piece:
                     return
                 self.offset += len(piece)
+                pace.waiting()
                 yield piece
+                pace.waited()
         finally:
             fan.left(self)
 
@@ -294,6 +311,7 @@ class Follower:
                     f"{opened.host} answered {opened.status} to the rest of {content.digest}"
                 )
             held = b""
+            pace = Pace.of(opened)  # the time its client takes each piece, between yields
             async for arrived in opened.chunks():
                 chunk = arrived[skip:] if skip else arrived
                 skip = max(0, skip - len(arrived))
@@ -301,7 +319,9 @@ class Follower:
                     continue
                 hashing.update(chunk)
                 if held:
+                    pace.waiting()
                     yield held
+                    pace.waited()
                 held = chunk
         if not content.hashes_to(hashing):
             raise UpstreamError(f"the rest of {content.digest} was not its content")

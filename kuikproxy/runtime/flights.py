@@ -111,15 +111,30 @@ class Flights:
             self._remove(flight)
 
     def fan_out(
-        self, flight: Flight, opened: Opened, stack: AsyncExitStack, content: Content, size: int
+        self,
+        flight: Flight,
+        opened: Opened,
+        stack: AsyncExitStack,
+        content: Content,
+        size: int,
+        *,
+        window: int,
     ) -> FanOut:
-        """A blob's 200 to ``flight`` given from memory to it and its followers: the read, its
-        seat and quota (``stack``) are the fan-out's from now on (its task: :meth:`FanOut.run`)."""
+        """A blob's 200 to ``flight`` given from memory to it and its followers, through a
+        window of at most ``window`` bytes: the read, its seat, quota and room (``stack``) are
+        the fan-out's from now on (its task: :meth:`FanOut.run`)."""
         owner = owner_key(flight.auth, flight.signer)
         ended = lambda _: self.ended(flight)  # noqa: E731
         # it expects its reader and everyone who chose to follow it before it landed
         return FanOut(
-            opened, stack, content, size, owner=owner, ended=ended, expected=flight.followed + 1
+            opened,
+            stack,
+            content,
+            size,
+            owner=owner,
+            ended=ended,
+            expected=flight.followed + 1,
+            window=window,
         )
 
     def ended(self, flight: Flight) -> None:

@@ -8,9 +8,10 @@ request about to go upstream a *seat*:
   when the hold ends, whatever ended it; a flow whose hand is full is refused at the door (429),
   so what one flow parks is bounded by ``handSize × queueLengthLimit``;
 * a seat (:meth:`FlowGate.take`, then :meth:`FlowGate.give_back`) is held from just before the
-  upstream request until its answer has been relayed; a request that finds none waits in its
-  flow's queue for fair queuing to pick it, or is refused (429) when the queue is full or its
-  level rejects.
+  upstream request until its answer has been relayed — or until the relay waits on its client
+  rather than on the registry (:meth:`HeldSeat.give_back`, docs/decisions.md "A seat is the
+  registry's"); a request that finds none waits in its flow's queue for fair queuing to pick
+  it, or is refused (429) when the queue is full or its level rejects.
 
 Exempt levels take neither (P14): their requests are counted as executing, nothing more.
 """
@@ -66,8 +67,23 @@ class Flow:
     def give_back(self) -> None:
         self.gate.give_back(self)
 
-    def seat(self) -> AbstractAsyncContextManager[None]:
+    def seat(self) -> AbstractAsyncContextManager[HeldSeat]:
         return self.gate.seat(self)
+
+
+class HeldSeat:
+    """A seat taken for one upstream request: given back once, when the request ends or
+    before, when the registry no longer sets its pace (a slow client does)."""
+
+    __slots__ = ("_flow",)
+
+    def __init__(self, flow: Flow) -> None:
+        self._flow: Flow | None = flow
+
+    def give_back(self) -> None:
+        flow, self._flow = self._flow, None
+        if flow is not None:
+            flow.give_back()
 
 
 @dataclass(eq=False, slots=True)
@@ -146,13 +162,15 @@ class FlowGate:
     # -- seats -----------------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def seat(self, flow: Flow) -> AsyncIterator[None]:
-        """Hold one of the level's seats for the upstream request made inside."""
+    async def seat(self, flow: Flow) -> AsyncIterator[HeldSeat]:
+        """Hold one of the level's seats for the upstream request made inside (or until it is
+        given back before)."""
         await self.take(flow)
+        held = HeldSeat(flow)
         try:
-            yield
+            yield held
         finally:
-            self.give_back(flow)
+            held.give_back()
 
     def give_back(self, flow: Flow) -> None:
         """The request that held a seat of ``flow``'s level ended: the next may have it."""

@@ -23,6 +23,7 @@ from kuikproxy.core.tickets import Operation
 from kuikproxy.core.views import HostView
 from kuikproxy.errors import Denied, RefusalLog, RegistryError
 from kuikproxy.runtime.durable import Durable
+from kuikproxy.runtime.flowgate import HeldSeat
 from kuikproxy.runtime.host import Admitted, Host
 from kuikproxy.runtime.kept import Unserved
 from kuikproxy.runtime.messages import RegistryRequest
@@ -89,11 +90,12 @@ class Hosts:
         return self._host(request.host).admit(request, unserved)
 
     @asynccontextmanager
-    async def upstream(self, request: RegistryRequest) -> AsyncIterator[None]:
+    async def upstream(self, request: RegistryRequest) -> AsyncIterator[HeldSeat]:
         """Hold ``request``'s host's quota and a seat (:meth:`Budget.seat`) inside the block."""
         budget = self._host(request.host).budget
-        async with budget.seat(request.image, request.method, request.authorization, request.flow):
-            yield
+        flow = request.flow
+        async with budget.seat(request.image, request.method, request.authorization, flow) as held:
+            yield held
 
     def _host(self, host: str, *, restored: bool = False) -> Host:
         """The host's runtime, made at its first request. A host not in ``registries`` is

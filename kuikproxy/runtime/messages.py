@@ -189,6 +189,12 @@ class Go:
     deadline: float | None = None
 
 
+# seconds a relay may wait on its client in all before its pace is the client's, not the
+# registry's (:meth:`Opened.lagging`): a fast client's moments of scheduling or a TCP window
+# stay well within it
+LAGGING_AFTER = 0.5
+
+
 @dataclass(slots=True)
 class Opened:
     host: str
@@ -200,6 +206,20 @@ class Opened:
     relocated: Callable[[str], str] | None = None
     # told once the body was relayed whole and hashed to its digest (``content``)
     verified: Callable[[], None] | None = None
+    # what the read lets go of once its client, not the registry, sets its pace: its seat,
+    # its part of an open copy (:meth:`lagging`); None once let go, or for reads holding none
+    paced: Callable[[], None] | None = None
+    threaded: bool = True  # whether its relay may take a thread's ring (its room holds one)
+
+    def lagging(self) -> None:
+        """The relay waits on its client now, not on the registry: the read gives back its
+        seat, ends its part of an open copy (P9) and leaves the registry client's count of
+        connections, so that a slow client holds up nobody else's reads (:mod:`~kuikproxy.
+        runtime.pace`). Its connection stays its own until it ends."""
+        paced, self.paced = self.paced, None
+        if paced is not None:
+            paced()
+            self.response.unpool()
 
     def chunks(self) -> AsyncIterator[bytes]:
         return self.response.chunks()

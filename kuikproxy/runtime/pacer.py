@@ -24,7 +24,7 @@ from kuikproxy.config import Config
 from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.limits import Census
 from kuikproxy.core.tickets import Operation
-from kuikproxy.errors import Unavailable
+from kuikproxy.errors import RefusalLog, Unavailable
 from kuikproxy.fleet.backend import FleetBackend
 from kuikproxy.runtime.clientread import ClientRead
 from kuikproxy.runtime.durable import Durable
@@ -43,6 +43,7 @@ from kuikproxy.runtime.messages import (
 from kuikproxy.runtime.pings import Pings
 from kuikproxy.runtime.proofs import Proofs
 from kuikproxy.runtime.pullthrough import PullThrough
+from kuikproxy.runtime.relayroom import RelayRoom, relays_share
 from kuikproxy.runtime.services import Services
 from kuikproxy.runtime.sweeps import Sweeps
 from kuikproxy.upstream.client import UpstreamRequest
@@ -86,6 +87,7 @@ class Pacer(Hosts):
             durable=durable,
             fleet=None if fleet is None else FleetLink(fleet, loop, self.wall_offset),
             flights=self.flights,
+            relays=RelayRoom(loop, relays_share(config)),
         )
         s = self.services
         self.registries, self.kept, self.census, self.sweeps = (
@@ -96,6 +98,8 @@ class Pacer(Hosts):
         self.cache = None if store is None else PullThrough(store, self.proofs, s.spawn)
         s.cache = self.cache
         self.pings = Pings(s.egress, loop.time)
+        # requests aiohttp's parser refused, by reason: counted at the edge (web/malformed.py)
+        self.client_errors = RefusalLog(None)
         self._keep_hosts()
 
     @property
@@ -167,6 +171,7 @@ class Pacer(Hosts):
         self.registries.configure(config)
         old, self.services.config = self.config, config
         self.kept.resize(*kept_bounds(config))
+        self.services.relays.resize(relays_share(config))
         if self.cache is not None:
             self.cache.store.resize(config.cache.blobs.max_bytes)
         if config.flow_control != old.flow_control:

@@ -21,6 +21,7 @@ from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.flights import Flights
 from kuikproxy.runtime.flowgate import FlowGate
 from kuikproxy.runtime.kept import KeptAnswers
+from kuikproxy.runtime.relayroom import RelayRoom
 from kuikproxy.runtime.sweeps import Sweeps
 from kuikproxy.runtime.waittimes import WaitTimes
 from kuikproxy.upstream.registries import Registries
@@ -42,6 +43,7 @@ class Services:
     durable: Durable | None  # where the pacing state survives restarts (P13), if anywhere
     fleet: FleetLink | None  # the proxies this one shares registries' budgets with, if any
     flights: Flights  # reads in flight, shared (R2)
+    relays: RelayRoom  # the memory blob relays hold (R6)
     # how long held reads waited for their windows (kuik_proxy_wait_seconds)
     waits: WaitTimes = field(default_factory=WaitTimes)
     cache: PullThrough | None = None  # the pull-through store (§15), if one is configured

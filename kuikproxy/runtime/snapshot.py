@@ -61,6 +61,7 @@ class StoreStats:
     served_bytes: dict[str, int]  # source (store, registry) → bytes given to clients
     reads: dict[str, int]  # source → reads
     stale: int  # answers given stale while their registry could not be asked
+    rejected: int  # files found not to be their blob, and dropped (each logged at warning)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,8 @@ class Snapshot:
     fleet: FleetView | None  # None: this proxy paces alone
     refused: dict[str, dict[str, int]]  # host → reason → count, for hosts with state (§12)
     refused_elsewhere: dict[str, int]  # reason → count, for what no host's state answers for
+    client_errors: dict[str, int]  # reason → requests aiohttp's parser refused (§12)
+    framing_faults: int  # registry answers whose framing lied (upstream/framing.py)
     kept: KeptStats
     budget: BudgetStats
     store: StoreStats | None  # None: no pull-through store configured
@@ -136,6 +139,8 @@ def snapshot(
         fleet=None if fleet is None else fleet.view(),
         refused=pacer.refusals(),
         refused_elsewhere=_elsewhere(pacer),
+        client_errors=dict(pacer.client_errors.counts),
+        framing_faults=pacer.registries.transport.framing_faults,
         kept=KeptStats(len(kept), kept.bytes, kept.hits, kept.misses),
         budget=_budget(pacer),
         store=_store(pacer),
@@ -172,7 +177,7 @@ def _budget(pacer: Pacer) -> BudgetStats:
         Bound.KEPT_ENTRIES: len(kept),
         Bound.REFUSALS: kept.refusals,
         Bound.CATALOG: 0 if cache is None else cache.store.catalog_entries,
-        Bound.RELAYS: None,
+        Bound.RELAYS: pacer.services.relays.used,
     }
     return BudgetStats(memory, source, config.budget(), used)
 
@@ -184,7 +189,7 @@ def _store(pacer: Pacer) -> StoreStats | None:
     store, counts = cache.store, cache.counts
     return StoreStats(
         store.count, store.used, store.max_bytes, store.evictions,
-        dict(counts.bytes), dict(counts.reads), counts.stale,
+        dict(counts.bytes), dict(counts.reads), counts.stale, store.rejected,
     )  # fmt: skip
 
 

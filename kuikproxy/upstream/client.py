@@ -10,6 +10,7 @@ tokens and credentials travel.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import ssl
 import threading
@@ -81,6 +82,11 @@ class UpstreamResponse(Protocol):
         """Done with this answer (its connection goes back to the pool or is closed)."""
         ...
 
+    def unpool(self) -> None:
+        """Its client, not the registry, sets this answer's pace from now on: it no longer
+        counts against the connection limit (its connection is its own until released)."""
+        ...
+
     async def __aenter__(self) -> UpstreamResponse: ...
 
     async def __aexit__(
@@ -89,6 +95,11 @@ class UpstreamResponse(Protocol):
 
 
 class Transport(Protocol):
+    @property
+    def framing_faults(self) -> int:
+        """Registry answers whose framing lied, since start (:mod:`kuikproxy.upstream.framing`)."""
+        ...
+
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
         """Send ``request`` and return once the status and headers arrived; the body is read
         from the response, which must be closed (``async with``)."""
@@ -113,6 +124,21 @@ def end_to_end(headers: Sequence[tuple[str, str]] | CIMultiDictProxy[str]) -> CI
     )
 
 
+class _Slot:
+    """One of the connection limit's places, held by an answer until it is released or its
+    pace is its client's (:meth:`UpstreamResponse.unpool`): given back once."""
+
+    __slots__ = ("_limit",)
+
+    def __init__(self, limit: asyncio.Semaphore) -> None:
+        self._limit: asyncio.Semaphore | None = limit
+
+    def give_back(self) -> None:
+        limit, self._limit = self._limit, None
+        if limit is not None:
+            limit.release()
+
+
 class _AiohttpResponse:
     def __init__(
         self,
@@ -120,8 +146,10 @@ class _AiohttpResponse:
         what: str,
         deadline: float | None,
         faulted: Faulted,
+        slot: _Slot,
     ) -> None:
         self._response = response
+        self._slot = slot
         self._what = what
         self._faulted = faulted
         # time.monotonic(): when the request's timeout runs out (aiohttp's own ``total`` is
@@ -164,10 +192,14 @@ class _AiohttpResponse:
         return self
 
     def release(self) -> None:
+        self._slot.give_back()
         if self._detached:  # its parser never saw the body's end: closed, never pooled
             self._response.close()
         else:
             self._response.release()
+
+    def unpool(self) -> None:
+        self._slot.give_back()
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
@@ -183,6 +215,11 @@ class AiohttpTransport:
     or fewer) fails, and its connection is never reused (:mod:`kuikproxy.upstream.framing`):
     counted in :attr:`framing_faults`.
 
+    At most ``limit`` answers are open at once whose pace the registry sets: one whose client
+    is slower gives its place back (:meth:`UpstreamResponse.unpool`), so a thousand slow
+    clients hold a thousand connections, not everyone else's (aiohttp's own limit, which counts
+    every connection taken, is off).
+
     Token requests (``realm``) have a session of their own: the realm endpoints the guard
     trusts for them must never be reached through a connection, or a resolved address, that
     aiohttp keeps and another request would reuse."""
@@ -196,7 +233,7 @@ class AiohttpTransport:
     ) -> None:
         self._guard = guard
         self._connect_timeout = connect_timeout
-        self._limit = limit
+        self._limit = asyncio.Semaphore(limit)
         self._sessions: dict[bool, aiohttp.ClientSession] = {}
         self._faults = 0
         self._faults_lock = threading.Lock()  # counted by the loop and by relays' threads
@@ -216,9 +253,7 @@ class AiohttpTransport:
             guard = self._guard
             resolver = GuardedResolver(guard, realm=realm) if guard is not None else None
             session = self._sessions[realm] = aiohttp.ClientSession(
-                connector=FramedConnector(
-                    faulted=self._faulted, limit=self._limit, resolver=resolver
-                ),
+                connector=FramedConnector(faulted=self._faulted, limit=0, resolver=resolver),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
                 trust_env=False,
@@ -227,12 +262,38 @@ class AiohttpTransport:
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
         what = f"{request.method} {shown(request.url)}"
-        # sock_connect bounds establishing a connection only: waiting for a pooled one is
-        # kuikproxy's own queue, bounded by the request's timeout like the rest
-        timeout = aiohttp.ClientTimeout(
-            total=request.timeout, sock_connect=self._connect_timeout, sock_read=STALL_TIMEOUT
-        )
         deadline = None if request.timeout is None else time.monotonic() + request.timeout
+        loop = asyncio.get_running_loop()
+        queued = loop.time()
+        try:  # a place of the limit: kuikproxy's own queue, bounded by the request's timeout
+            async with asyncio.timeout(request.timeout):
+                await self._limit.acquire()
+        except TimeoutError:
+            raise UpstreamTimeout(f"{what}: {_no_answer(request.timeout)}") from None
+        slot = _Slot(self._limit)
+        # what the wait for a place left of the request's timeout (the loop's clock, as
+        # aiohttp's own timeouts are)
+        left = None if request.timeout is None else request.timeout - (loop.time() - queued)
+        try:
+            response = await self._request(request, what, left)
+        except BaseException:
+            slot.give_back()
+            raise
+        return _AiohttpResponse(response, what, deadline, self._faulted, slot)
+
+    async def _request(
+        self,
+        request: UpstreamRequest,
+        what: str,
+        left: float | None,
+    ) -> aiohttp.ClientResponse:
+        # ``left``: seconds for the whole exchange; sock_connect bounds establishing a
+        # connection only
+        timeout = aiohttp.ClientTimeout(
+            total=None if left is None else max(0.001, left),
+            sock_connect=self._connect_timeout,
+            sock_read=STALL_TIMEOUT,
+        )
         # Foreign exceptions are not chained to ours (``from None``): their text may carry the
         # URL's query, and a chained traceback would take it to a log. The reason is the message.
         try:
@@ -261,7 +322,7 @@ class AiohttpTransport:
             raise UpstreamTimeout(f"{what}: {_no_answer(request.timeout)}") from None
         except (aiohttp.ClientError, OSError) as e:
             raise UpstreamUnreachable(f"{what}: {_reason(e)}") from None
-        return _AiohttpResponse(response, what, deadline, self._faulted)
+        return response
 
     async def close(self) -> None:
         sessions, self._sessions = self._sessions, {}

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from collections.abc import Awaitable, Callable
 from functools import lru_cache
 from http import HTTPStatus
 from typing import Any
@@ -39,8 +40,10 @@ import aiohttp
 from aiohttp import web
 from aiohttp.helpers import rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE, HttpRequestParser, HttpVersion11, RawRequestMessage
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 from kuikproxy.errors import RegistryError
 from kuikproxy.runtime.clientread import ClientRead
@@ -49,6 +52,7 @@ from kuikproxy.runtime.parking import Waiter
 from kuikproxy.web.classify import classify
 from kuikproxy.web.hangups import Hangups
 from kuikproxy.web.keys import ANSWERED, CURRENT, PACER
+from kuikproxy.web.malformed import BAD_VERSION, answer, reason_of
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +257,45 @@ class Protocol(RequestHandler):
         if self.transport is not None:
             self.transport.abort()
 
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """A request the parser refused is its client's error, answered and counted
+        (:mod:`~kuikproxy.web.malformed`) where aiohttp would log a traceback; a client that
+        left mid-answer is nobody's error (as aiohttp's own ``start()`` says it, at debug)."""
+        server = self._manager
+        if (
+            isinstance(exc, HttpProcessingError)
+            and isinstance(server, Server)
+            and not request.writer.output_size  # else aiohttp's way: the connection is broken
+        ):
+            return server.answers.malformed(reason_of(exc), exc.message, request.remote)
+        if isinstance(exc, ConnectionError):
+            log.debug("%s left mid-answer: %r", request.remote, exc)
+            raise exc
+        return super().handle_error(request, status, exc, message)
+
+    async def _handle_request(
+        self,
+        request: BaseRequest,
+        start_time: float | None,
+        request_handler: Callable[[BaseRequest], Awaitable[web.StreamResponse]],
+    ) -> tuple[web.StreamResponse, bool]:
+        server, version = self._manager, request.version
+        if version.major != 1 and isinstance(server, Server):  # HTTP/2.0 or 0.9, parsed
+            said = f"Invalid HTTP version: HTTP/{version.major}.{version.minor}"
+            answer = server.answers.malformed(BAD_VERSION, said, request.remote)
+
+            async def refuse(_: BaseRequest) -> web.StreamResponse:
+                return answer
+
+            request_handler = refuse
+        return await super()._handle_request(request, start_time, request_handler)
+
     def connection_lost(self, exc: BaseException | None) -> None:
         self._unwatch()  # its watch goes with it (a reset told by aiohttp, say)
         early, self._early, self._early_message = self._early, None, None
@@ -359,6 +402,11 @@ class AsParsed:
             return None
         app[ANSWERED].answered(target.host, CHECK, str(answer.status), "hit")
         return head + _tail(rfc822_formatted_time())
+
+    def malformed(self, reason: str, said: str, peer: str | None) -> web.Response:
+        """The answer to a request the parser refused for ``reason``, counted by the runtime."""
+        pacer = self._app[PACER]
+        return answer(pacer.client_errors, reason, said, peer, pacer.loop.time())
 
     def cancelled(self, read: RegistryRequest) -> None:
         """Counted as the handler counts a request whose client left while it waited."""

@@ -23,6 +23,7 @@ from kuikproxy.core.digests import Content, Hasher, algorithm_of, hasher, matche
 from kuikproxy.errors import UpstreamError
 from kuikproxy.runtime.content import MAX_MANIFEST, mismatch
 from kuikproxy.runtime.messages import Answer, Body, Opened, Shared
+from kuikproxy.runtime.pace import Pace
 from kuikproxy.web.classify import Target
 from kuikproxy.web.threadrelay import client_socket, relay_in_thread
 
@@ -94,8 +95,9 @@ async def stream(request: web.Request, answer: Opened, ns: str | None) -> web.St
     if request.method != "HEAD":
         try:
             if check is None:
+                pace = Pace.of(answer)
                 async for chunk in answer.chunks():
-                    await response.write(chunk)
+                    await _write(response, chunk, pace)
             elif not await _relay_checked(answer, request, response, check):
                 # the last chunk was held back: the client sees a body cut short, never a
                 # clean end of content that is not what it asked for
@@ -125,14 +127,20 @@ async def _relay_checked(
     Otherwise the loop relays it: chunks are hashed a batch of :data:`HASH_BATCH` bytes at a
     time in a worker thread (hashlib lets go of the GIL), while the loop goes on relaying:
     hashing on the loop halved a blob's throughput, and a thread per chunk costs more than it
-    saves. Batches are hashed one at a time, in order; at most two are held."""
+    saves. Batches are hashed one at a time, in order; at most two are held — until the
+    client sets the relay's pace (:mod:`~kuikproxy.runtime.pace`): then each chunk is hashed as
+    it comes, on the loop, which a slow client leaves idle. A relay whose room (the relays'
+    share of the memory budget) holds no thread's ring goes through the loop."""
     loop = asyncio.get_running_loop()
     hashing = hasher(algorithm_of(check.digest))
     transport = request.transport
-    client = client_socket(transport)
+    client = client_socket(transport) if answer.threaded else None
     if client is not None and (detached := answer.detach()) is not None:
         assert transport is not None  # client_socket found its socket
-        return await relay_in_thread(transport, client, detached, hashing, check)
+        return await relay_in_thread(
+            transport, client, detached, hashing, check, lagging=answer.lagging
+        )
+    pace = Pace.of(answer)
     held: bytes | None = None
     batch: list[bytes] = []
     size = 0
@@ -141,13 +149,18 @@ async def _relay_checked(
         async for chunk in answer.chunks():
             batch.append(chunk)
             size += len(chunk)
-            if size >= HASH_BATCH:
+            if answer.paced is None and hashed is None:
+                # its client sets its pace: hashed now, not held for a batch that a slow
+                # client would keep in memory for minutes
+                _update(hashing, batch)
+                batch, size = [], 0
+            elif size >= HASH_BATCH:
                 if hashed is not None:
                     await hashed
                 hashed = loop.run_in_executor(None, _update, hashing, batch)
                 batch, size = [], 0
             if held is not None:
-                await response.write(held)
+                await _write(response, held, pace)
             held = chunk
         if hashed is not None:
             await hashed
@@ -160,6 +173,15 @@ async def _relay_checked(
     if held is not None:
         await response.write(held)
     return True
+
+
+async def _write(response: web.StreamResponse, chunk: bytes, pace: Pace) -> None:
+    """``chunk`` to the client, the wait for it to take it timed (:class:`Pace`)."""
+    pace.waiting()
+    try:
+        await response.write(chunk)  # waits only while the client's buffer is full
+    finally:
+        pace.waited()
 
 
 def _update(hashing: Hasher, chunks: list[bytes]) -> None:

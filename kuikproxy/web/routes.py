@@ -75,6 +75,9 @@ async def registry(request: web.Request) -> web.StreamResponse:
         log.debug("%s %s: %s", request.method, request.path[:200], error.message)
         pacer.refused_now(None if host == "-" else host, error)
         response = error_response(error)
+    except ConnectionError:  # its client left as its answer was written: nothing to answer
+        log.debug("%s %s: the client left mid-answer", request.method, request.path[:200])
+        raise  # aiohttp's protocol lets the connection go (web/fastpath.py's, at debug)
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path[:200])
         response = error_response(InternalError("internal error in kuikproxy"))

@@ -26,9 +26,12 @@ import asyncio
 import contextlib
 import queue
 import threading
+import time
+from collections.abc import Callable
 from typing import Protocol, cast
 
 from kuikproxy.core.digests import Content, Hasher
+from kuikproxy.runtime.messages import LAGGING_AFTER
 from kuikproxy.sockets import ThreadSocket
 
 MAX_THREADS = 64  # blobs relayed in threads at once; more go through the loop
@@ -75,13 +78,21 @@ def client_socket(transport: asyncio.Transport | None) -> int | None:
 
 
 async def relay_in_thread(
-    transport: asyncio.Transport, client: int, body: DetachedBody, hashing: Hasher, check: Content
+    transport: asyncio.Transport,
+    client: int,
+    body: DetachedBody,
+    hashing: Hasher,
+    check: Content,
+    *,
+    lagging: Callable[[], None],
 ) -> bool:
     """Relay ``body`` to the client's socket ``client`` (its descriptor; ``transport`` is its
     connection's) in a thread of its own (:func:`_pump`), not the executor's: a blob holds it
     for as long as it takes, and the executor also resolves names. Whether it was ``check``'s
     content. :class:`ConnectionResetError` when the client's side failed (its connection is
-    aborted), :class:`~kuikproxy.errors.UpstreamError` when the registry's did."""
+    aborted), :class:`~kuikproxy.errors.UpstreamError` when the registry's did. ``lagging``
+    is called on the loop once the thread has waited on the client for
+    :data:`~kuikproxy.runtime.messages.LAGGING_AFTER` in all."""
     loop = asyncio.get_running_loop()
     # set once by the thread, never cancelled (shielded): the thread's end is always known
     finished: asyncio.Future[bool | BaseException] = loop.create_future()
@@ -89,6 +100,7 @@ async def relay_in_thread(
         owned.callback(body.close)
         sink = ThreadSocket(client, body.stall, body.deadline)
         owned.callback(sink.close)
+        pace = _Pace(sink, loop, lagging)
         # the headers, still in the transport's buffer when the client is slow, go out before
         # a byte of the body
         while transport.get_write_buffer_size():
@@ -99,7 +111,7 @@ async def relay_in_thread(
         def run() -> None:
             outcome: bool | BaseException
             try:
-                outcome = _pump(body, sink, hashing, check)
+                outcome = _pump(body, pace, hashing, check)
             except BaseException as error:  # handed to the loop, raised there
                 outcome = error
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
@@ -133,21 +145,51 @@ async def _ended(finished: asyncio.Future[bool | BaseException]) -> None:
             await asyncio.shield(finished)
 
 
-def _pump(body: DetachedBody, sink: ThreadSocket, hashing: Hasher, check: Content) -> bool:
+class _Pace:
+    """The client's socket as the thread writes to it, timed: once the writes have waited on
+    the client for :data:`~kuikproxy.runtime.messages.LAGGING_AFTER` in all, the loop is told
+    (once) that the client sets the relay's pace."""
+
+    __slots__ = ("_lagging", "_loop", "_waited", "sink")
+
+    def __init__(
+        self, sink: ThreadSocket, loop: asyncio.AbstractEventLoop, lagging: Callable[[], None]
+    ) -> None:
+        self.sink = sink
+        self._loop = loop
+        self._lagging: Callable[[], None] | None = lagging
+        self._waited = 0.0
+
+    def send(self, data: memoryview) -> None:
+        try:
+            if self._lagging is not None:
+                start = time.monotonic()
+                data = self.sink.sendall(data, within=LAGGING_AFTER - self._waited)
+                self._waited += time.monotonic() - start
+                if data:  # the client has kept the relay waiting long enough
+                    lagging, self._lagging = self._lagging, None
+                    with contextlib.suppress(RuntimeError):  # the loop is gone: nobody to tell
+                        self._loop.call_soon_threadsafe(lagging)
+            self.sink.sendall(data)
+        except OSError:  # gone, or not reading for as long as a registry may be silent
+            raise ConnectionResetError from None
+
+
+def _pump(body: DetachedBody, sink: _Pace, hashing: Hasher, check: Content) -> bool:
     """``body`` to ``sink``: what had arrived, then the rest; the last piece is sent only once
     the whole is known to hash to ``check`` (whether it did)."""
     hashing.update(body.arrived)
     last = memoryview(body.arrived)
     if body.remaining:
-        _send(sink, last)
+        sink.send(last)
         last = _ring(body, sink, hashing)
     if not check.hashes_to(hashing):
         return False
-    _send(sink, last)
+    sink.send(last)
     return True
 
 
-def _ring(body: DetachedBody, sink: ThreadSocket, hashing: Hasher) -> memoryview:
+def _ring(body: DetachedBody, sink: _Pace, hashing: Hasher) -> memoryview:
     """Every piece of ``body`` hashed, and sent but the last one, which is returned hashed.
 
     A second thread hashes the pieces while this one sends them (hashing in turn with the reads
@@ -171,16 +213,9 @@ def _ring(body: DetachedBody, sink: ThreadSocket, hashing: Hasher) -> memoryview
             todo.put(piece)
             if not body.remaining:
                 return piece
-            _send(sink, piece)
+            sink.send(piece)
             sent.put(piece)
     finally:
         todo.put(None)
         sent.put(None)
         hasher.join()
-
-
-def _send(sink: ThreadSocket, data: memoryview) -> None:
-    try:
-        sink.sendall(data)
-    except OSError:  # gone, or not reading for as long as a registry may be silent
-        raise ConnectionResetError from None

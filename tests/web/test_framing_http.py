@@ -32,6 +32,7 @@ from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
 from tests.upstream_app import MANIFEST_TYPE, digest_of, manifest_of
 from tests.web.raw import RawRequest, RawServer
+from tests.web.test_metrics_http import named, scrape
 
 HOST = "lying.test"
 BLOB = bytes(range(256)) * 256  # 64 KiB: relayed through the loop
@@ -219,6 +220,13 @@ def framing_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord
     return [r for r in caplog.records if is_framing_warning(r)]
 
 
+async def framing_faults(client: Client) -> tuple[int, float]:
+    """The registry answers whose framing lied, as ``/status`` and the metric count them."""
+    status = await (await client.get("/status")).json()
+    metric = named(await scrape(client), "kuik_proxy_upstream_framing_faults_total")
+    return status["upstream"]["framingFaults"], metric[()]
+
+
 @pytest.mark.parametrize("stored", [False, True], ids=["memory", "store"])
 @pytest.mark.parametrize("first", ["manifest", "blob", "large"])
 @pytest.mark.parametrize("mode", MODES)
@@ -277,5 +285,6 @@ async def test_an_answer_whose_framing_lies_never_desyncs_its_connection_nor_is_
         assert len(warned) <= 1, warned
     elif mode != "short-stall":  # a stall is a timeout, not a lie: the framing's own word
         assert len(warned) == 1, warned
+        assert await framing_faults(client) == (1, 1.0)  # counted, shown: /status, /metrics
 
     assert loop.time() - started < BOUND

@@ -6,9 +6,10 @@ sent as raw bytes (client libraries would normalise ``..``, NUL bytes, absolute 
 requests the recording registry may have seen because of it (none, for every refusal), and a
 healthy proxy afterwards: ``/healthz`` answers, no request is parked, no pacer task is left.
 
-Answers that aiohttp's HTTP parser gives before kuikproxy sees the request (oversized lines
-and headers, control characters, a missing ``Host``) are plain-text ``400 Bad Request``s, not
-OCI bodies; those cases name the parser's message instead of an OCI code.
+What aiohttp's HTTP parser refuses before kuikproxy sees the request (oversized lines and
+headers, control characters, a missing ``Host``) is answered by ``web/malformed.py``: an OCI
+body (``UNSUPPORTED``) with the parser's message, ``414`` for a target too long, ``431`` for
+headers too large, ``400`` otherwise (``tests/web/test_malformed_http.py`` has the rest).
 """
 
 from __future__ import annotations
@@ -103,9 +104,10 @@ class Case:
     """One hostile request and what it is documented to get.
 
     ``answers`` holds ``(status, OCI code)`` per answer (several when pipelined; code None for
-    aiohttp's own plain-text refusals, whose message is ``parser``). ``reaches`` is every
-    request the registry may see because of it; ``resource`` the resource the request must be
-    counted for (§4.2, when a hostile identity falls back to the next source)."""
+    an answer without an OCI body); ``parser`` is the message of the parser's refusal.
+    ``reaches`` is every request the registry may see because of it; ``resource`` the resource
+    the request must be counted for (§4.2, when a hostile identity falls back to the next
+    source)."""
 
     id: str
     request: str
@@ -122,8 +124,8 @@ def refused(id: str, request: str, status: int, code: str, *, config: str = MIRR
     return Case(id, request, ((status, code),), config=config, heads=heads)
 
 
-def by_parser(id: str, request: str, message: str) -> Case:
-    return Case(id, request, ((400, None),), parser=message)
+def by_parser(id: str, request: str, message: str, status: int = 400) -> Case:
+    return Case(id, request, ((status, "UNSUPPORTED"),), parser=message)
 
 
 def held(id: str, request: str, resource: str) -> Case:
@@ -307,20 +309,24 @@ CASES = [
         405,
         "UNSUPPORTED",
     ),
-    # -- refused by aiohttp's parser before kuikproxy sees them (plain-text 400) ----------
-    by_parser("header-over-8k", get("/v2/app/manifests/t", "X-Big: " + "a" * 9000), "8190"),
+    # -- refused by aiohttp's parser before kuikproxy sees them (web/malformed.py) ---------
+    by_parser("header-over-8k", get("/v2/app/manifests/t", "X-Big: " + "a" * 9000), "8190", 431),
     by_parser(
         "many-headers",
         get("/v2/app/manifests/t", *(f"X-{i}: a" for i in range(200))),
         "Too many headers",
+        431,
     ),
-    by_parser("url-over-8k", get("/v2/" + "a/" * 5000 + "manifests/t"), "8190"),
+    by_parser("url-over-8k", get("/v2/" + "a/" * 5000 + "manifests/t"), "8190", 414),
     by_parser(
         "authorization-100k",
         get("/v2/app/manifests/t", "Authorization: Bearer " + "a" * 100_000),
         "8190",
+        431,
     ),
-    by_parser("resource-10k", get("/v2/app/manifests/t", "Kuik-Resource: " + "r" * 10_000), "8190"),
+    by_parser(
+        "resource-10k", get("/v2/app/manifests/t", "Kuik-Resource: " + "r" * 10_000), "8190", 431
+    ),
     by_parser(
         "resource-control-char",
         get("/v2/app/manifests/t", "Kuik-Resource: a\x01b"),
@@ -401,7 +407,7 @@ async def test_s12_hostile_request_gets_its_documented_answer(
     start: Starter, registry: tuple[Registry, TestServer], case: Case
 ) -> None:
     """Each hostile request gets the status and OCI code the spec documents for it (or
-    aiohttp's own 400 for what its parser refuses), the registry sees nothing it should not
+    the parser's message for what it refuses), the registry sees nothing it should not
     (no proxy or identity header either), and the proxy is healthy afterwards."""
     fake, server = registry
     client = await start(case.config)

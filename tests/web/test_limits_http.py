@@ -262,7 +262,7 @@ async def test_max_held_refuses_a_request_past_it_and_the_budget_shows_each_boun
     status = await (await client.get("/status")).json()
     bounds = status["budget"]["bounds"]
     assert bounds["limits.maxHeld"] == {
-        "limit": 2, "each": 4096, "bytes": 8192, "used": 2, "set": True
+        "limit": 2, "each": 9216, "bytes": 18432, "used": 2, "set": True
     }  # fmt: skip
     assert bounds["limits.maxImages"]["used"] == 3 and not bounds["limits.maxImages"]["set"]
     assert bounds["cache.maxEntries"]["used"] == 1

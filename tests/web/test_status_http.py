@@ -42,7 +42,8 @@ async def test_s8_status_validates_against_its_schema_after_laps_copies_and_filt
     jsonschema.validate(whole, schema)
     assert set(whole) == {
         "startedAt", "config", "registries", "resources", "cache", "flowControl", "fleet",
-        "resourcesTotal", "resourcesNext", "refused", "reads", "budget",
+        "resourcesTotal", "resourcesNext", "refused", "reads", "budget", "clientErrors",
+        "upstream",
     }  # fmt: skip
     registry_part = whole["registries"][HOST]
     assert set(registry_part) == {"check", "copy", "blockedUntil", "quota", "refused"}

@@ -26,6 +26,7 @@ from kuikproxy.config import parse_config
 from tests.conftest import HOST, ProxyFactory
 from tests.upstream_app import Registry, blob_of
 from tests.web.raw import Exchange, answers, exchange
+from tests.web.test_metrics_http import named, scrape
 from tests.web.test_store_http import BLOB, BLOB_DIGEST, COPY, config, get, store_at
 
 pytestmark = pytest.mark.looptime
@@ -121,6 +122,10 @@ async def test_a_stored_file_that_is_not_its_blob_is_read_from_the_registry_agai
     assert len(result.responses) == 2
     assert len(dropped(caplog, BLOB_DIGEST)) == 1
     await second_read_is_the_registrys(client, fake, tmp_path, BLOB_DIGEST, BLOB)
+    # counted, and shown: /status and /metrics
+    status = await (await client.get("/status")).json()
+    assert status["cache"]["store"]["rejected"] == 1
+    assert named(await scrape(client), "kuik_proxy_store_rejected_files_total") == {(): 1.0}
 
 
 @pytest.mark.looptime(False)  # the store trusts a file by its times on disk: real seconds pass

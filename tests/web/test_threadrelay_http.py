@@ -71,9 +71,9 @@ def relays(monkeypatch: pytest.MonkeyPatch) -> list[threading.Thread]:
     started: list[threading.Thread] = []
     original = threadrelay.relay_in_thread
 
-    async def counted(*args: Any) -> bool:
+    async def counted(*args: Any, **kwargs: Any) -> bool:
         before = set(threadrelay.relaying())
-        task = asyncio.ensure_future(original(*args))
+        task = asyncio.ensure_future(original(*args, **kwargs))
         for _ in range(10_000):  # the thread starts once the headers have gone out
             if task.done() or set(threadrelay.relaying()) != before:
                 break
