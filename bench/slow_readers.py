@@ -77,7 +77,8 @@ class Proxy(Kuikproxy):
         config_file = self.workdir / "kuikproxy.yaml"
         config_file.write_text(yaml.safe_dump({"listen": self.host_port, **self.settings}))
         extra = {} if self.source is None else {"PYTHONPATH": str(self.source)}
-        command = [sys.executable, "-m", "kuikproxy", "serve", "--config", str(config_file)]
+        # -P: not the working directory first on the path, which would be this tree
+        command = [sys.executable, "-P", "-m", "kuikproxy", "serve", "--config", str(config_file)]
         return spawn(command, self.log_file, clean_env(PYTHONUNBUFFERED="1", **extra))
 
 

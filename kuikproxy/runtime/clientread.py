@@ -402,6 +402,18 @@ class ClientRead:
         sent = request.sent
         headers = tuple(sent.items()) if not isinstance(sent, tuple) else sent
         rest = replace(request, sent=(*headers, ("Range", f"bytes={offset}-")))
+        # a relay of its own now, on the loop: the room a follower held is not enough for it
+        more = max(0, ON_THE_LOOP - self._room)
+        if more:
+            try:
+                self._room += await self._services.relays.take(
+                    request.resource, want=more, at_least=more
+                )
+            except Unavailable as refused:
+                raise UpstreamUnreachable(
+                    f"no room to read the rest of {request.image.reference} on its own: "
+                    f"{refused.message}"
+                ) from None
         async with (
             self._hosts.upstream(rest) as seat,
             self._send_read(rest, self._timeout) as opened,
