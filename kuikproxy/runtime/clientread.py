@@ -47,7 +47,7 @@ from kuikproxy.runtime.messages import (
 )
 from kuikproxy.runtime.parking import Waiter
 from kuikproxy.runtime.pullthrough import PullThrough, stored_by_digest
-from kuikproxy.runtime.relayroom import FOLLOWING, ON_THE_LOOP, SHARED, THREADED
+from kuikproxy.runtime.relayroom import FOLLOWING, ON_THE_LOOP, THREADED
 from kuikproxy.runtime.services import Services
 from kuikproxy.runtime.trips import Trip, fleet_of
 from kuikproxy.runtime.windowreads import whole
@@ -294,8 +294,7 @@ class ClientRead:
             self._give_room()
 
     async def _send(self, timeout: float | None, *, seated: bool) -> Reply:
-        """The read goes upstream, a blob's with room for its relay (:mod:`~kuikproxy.runtime.
-        relayroom`), held until the read ends."""
+        """The read goes upstream, a blob's with room for its relay (runtime/relayroom.py)."""
         services, request = self._services, self._request
         if request.image.route == BLOBS and request.method == "GET" and services.cache is None:
             # a read that will follow one in flight is relayed from its window by the loop
@@ -379,8 +378,8 @@ class ClientRead:
                 return reply, None
             stack, self._opened = self._opened, None  # the read's from now on
             # the window its followers read from: as much of the blob as the relays' room has
-            window = services.relays.take_window(min(WINDOW, size))
-            stack.callback(services.relays.give, SHARED, window)
+            window = services.relays.take_window(request.resource, min(WINDOW, size))
+            stack.callback(services.relays.give, request.resource, window)
             fan = services.flights.fan_out(flight, opened, stack, content, size, window=window)
             services.spawn(fan.run())
             self._follower = fan.follower(self._rest)
@@ -402,7 +401,9 @@ class ClientRead:
         sent = request.sent
         headers = tuple(sent.items()) if not isinstance(sent, tuple) else sent
         rest = replace(request, sent=(*headers, ("Range", f"bytes={offset}-")))
-        # a relay of its own now, on the loop: the room a follower held is not enough for it
+        # overtaken, its client sets its pace: the host's next copy window does not wait for it
+        # (nor while it waits for the room of a relay of its own, more than a follower's)
+        self._copy_part_done()
         more = max(0, ON_THE_LOOP - self._room)
         if more:
             try:
@@ -422,8 +423,7 @@ class ClientRead:
             yield opened
 
     def _client_paced(self, seat: HeldSeat) -> None:
-        """Its client, not the registry, sets the pace of its answer's relay now: its seat goes
-        back to its level, and its part of an open copy ends (:meth:`_copy_part_done`)."""
+        """Its client sets its relay's pace now: its seat and its part of a copy go."""
         seat.give_back()
         self._copy_part_done()
 

@@ -65,7 +65,13 @@ class Egress:
             self._read_what_was_heard()
         async with sent as response:
             headers = end_to_end(response.headers)
-            yield Opened(host, response.status, headers, content, response)
+            opened = Opened(host, response.status, headers, content, response)
+            try:
+                yield opened
+            finally:
+                # what it would let go of refers to its read, whose stack holds this frame:
+                # a cycle, broken here rather than left to the collector
+                opened.paced = None
 
     async def _signed_in(self, sign_in: SignIn) -> UpstreamResponse:
         try:

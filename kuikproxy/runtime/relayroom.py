@@ -34,7 +34,6 @@ ON_THE_LOOP = 640 * 1024  # aiohttp's read buffer, a held chunk, the client's wr
 PER_RESOURCE = 0.25  # of the room, for one resource's relays at once
 WAIT = 10.0  # seconds a relay waits for room before it is refused
 REFUSAL = "relays"
-SHARED = "\x00shared"  # whose a fan-out's window is: everyone's (no resource name has a NUL)
 FOLLOWING = 256 * 1024  # a follower's own: its write buffer and the piece it sends
 TRIM_AFTER = 1.0  # seconds without a relay before the heap is trimmed
 
@@ -95,13 +94,14 @@ class RelayRoom:
             raise
         return at_least
 
-    def take_window(self, at_most: int) -> int:
+    def take_window(self, resource: str, at_most: int) -> int:
         """Room for a fan-out's window, as much as is free now up to ``at_most`` (none while
-        relays wait for it): held for everyone who follows it, under :data:`SHARED`."""
+        relays wait for it), within the quarter of ``resource``, whose read it is."""
         if self._waiting:
             return 0
-        free = min(self.limit - self.used, at_most)
-        return self._hold(SHARED, free) if free > 0 else 0
+        own = self._by_resource.get(resource, 0)
+        free = min(self.limit - self.used, int(self.limit * PER_RESOURCE) - own, at_most)
+        return self._hold(resource, free) if free > 0 else 0
 
     def fit(self, resource: str, held: int, needed: int) -> int:
         """A relay holding ``held`` bytes needs only ``needed`` (a small blob, a follower):

@@ -134,7 +134,10 @@ def pull(proxy: Kuikproxy, image: SeededImage, host: str) -> None:
         assert status == 200, (host, blob.digest, status, body[:300])
         assert "sha256:" + hashlib.sha256(body).hexdigest() == blob.digest
     took = time.monotonic() - started
-    assert took < 4 * WINDOW, f"{host}: the other resource's pull took {took:.1f}s"
+    if took >= 4 * WINDOW:
+        status = proxy.status()
+        seen = {"relays": status["budget"]["bounds"]["relays"], "host": status["registries"][host]}
+        raise AssertionError(f"{host}: the other resource's pull took {took:.1f}s: {seen}")
 
 
 def copies_executing(proxy: Kuikproxy) -> int:

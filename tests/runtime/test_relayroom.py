@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from kuikproxy.errors import Unavailable
-from kuikproxy.runtime.relayroom import ON_THE_LOOP, SHARED, THREADED, WAIT, RelayRoom
+from kuikproxy.runtime.relayroom import ON_THE_LOOP, THREADED, WAIT, RelayRoom
 
 pytestmark = pytest.mark.looptime
 
@@ -65,7 +65,7 @@ async def test_waiting_relays_are_served_in_order_and_one_that_leaves_takes_noth
     leaving = asyncio.ensure_future(take(relays, "d"))
     await asyncio.sleep(1)
     leaving.cancel()
-    assert relays.take_window(MIB) == 0  # nothing is taken past those who wait
+    assert relays.take_window("e", MIB) == 0  # nothing is taken past those who wait
     relays.give("a", ON_THE_LOOP)
     assert await first == ON_THE_LOOP
     assert not second.done()
@@ -91,9 +91,9 @@ async def test_a_fan_out_window_takes_what_is_free_and_a_small_blob_keeps_what_i
     held = await take(relays, "a")
     assert relays.fit("a", held, 300 * 1024) == 300 * 1024  # its blob is small
     assert relays.used == 300 * 1024
-    assert relays.take_window(16 * MIB) == 16 * MIB  # everyone's: no resource's quarter
-    assert relays.take_window(64 * MIB) == 40 * MIB - 16 * MIB - 300 * 1024
-    relays.give(SHARED, 40 * MIB - 16 * MIB - 300 * 1024)
-    relays.give(SHARED, 16 * MIB)
-    relays.give("a", 300 * 1024)
+    # within the quarter of the resource whose read it is
+    assert relays.take_window("a", 16 * MIB) == 10 * MIB - 300 * 1024
+    assert relays.take_window("b", 4 * MIB) == 4 * MIB
+    relays.give("a", 10 * MIB)
+    relays.give("b", 4 * MIB)
     assert relays.used == 0
