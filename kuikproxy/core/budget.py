@@ -11,8 +11,8 @@ lost with it. So one number, the budget (``limits.memory``: the pod's limit by d
   give back (fragmentation, a collection's garbage, a reload's two configs);
 * the rest into :data:`SHARES`, each the bound's fraction; a bound's value is its share over what
   one item costs (:data:`COSTS`, measured by ``bench/state.py``, rounded up; a held request's by
-  ``bench/flood.py``, 15,000 held at once). The relays' share is a reserve
-  the other bounds leave free: nothing refuses a relay by it yet.
+  ``bench/flood.py``, 15,000 held at once). The relays' share is bytes, taken by each blob relay
+  as it starts and given back as it ends (``runtime/relayroom.py``).
 
 A bound set in the config is taken as written and priced the same; the others share what it left.
 When the bounds set take more than there is, :attr:`MemoryBudget.over` says by how much and the
@@ -41,7 +41,7 @@ class Bound(StrEnum):
     KEPT_ENTRIES = "cache.maxEntries"
     REFUSALS = "cache.maxRefusals"
     CATALOG = "cache.blobs.maxEntries"
-    RELAYS = "relays"  # a reserve, not a setting: fan-out windows and relay buffers
+    RELAYS = "relays"  # not a setting: relay buffers and fan-out windows, in bytes
 
 
 COSTS: Mapping[Bound, int] = {
