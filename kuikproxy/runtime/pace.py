@@ -1,12 +1,13 @@
 """Whose pace a relay goes at: the registry's, until its client has kept it waiting.
 
-A read holds a flow-control seat and a place of the registry client's connection limit while
-its answer is relayed, so that the registry is asked for no more at once than its levels allow
-(SPEC §10). Once the relay has waited on its client rather than on the registry for
-:data:`LAGGING_AFTER` in all, the client sets its pace: the read gives both back
-(:meth:`Opened.lagging <kuikproxy.runtime.messages.Opened.lagging>`) and goes on at the
-client's pace, holding only its own connection. Thirty nodes on a bad link then hold thirty
-connections, not every seat of their level.
+A read holds a flow-control seat, a place of the registry client's connection limit and, in an
+open copy, its part of that copy while its answer is relayed, so that the registry is asked for
+no more at once than its levels and windows allow (SPEC §10, P9). Once the relay has waited on
+its client rather than on the registry for :data:`LAGGING_AFTER` in all, the client sets its
+pace: the read lets go of all three (:meth:`Opened.lagging
+<kuikproxy.runtime.messages.Opened.lagging>`) and goes on at the client's pace, holding only its
+own connection and its relay's room. Thirty nodes on a bad link then hold thirty connections,
+not every seat of their level nor their host's next copy window.
 """
 
 from __future__ import annotations
