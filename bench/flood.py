@@ -104,6 +104,7 @@ PROBE_HOST = "registry.probe:5000"
 RELAY_HOST = "registry.relay:5000"
 WILDCARD = "127.9.*"
 PROBE_TAG = "probe"
+PROBES = 10
 HELD_RESOURCES = 100  # the held requests' resources
 RING_TAGS = 1_000  # the kept tags every ring-image resource asks: rings of this many images
 DEPTH = 64  # requests in flight on one pipelined connection
@@ -264,6 +265,21 @@ def request(path: str, resource: str, method: str = "HEAD", *extra: str) -> byte
     return ("\r\n".join([*lines, *extra]) + "\r\n\r\n").encode()
 
 
+def probe_requests() -> list[bytes]:
+    """The probe's HEADs, one per probe resource, taken in turn. R1 holds a resource that asks
+    again until an answer newer than its last: a probe of one resource would find no kept answer
+    whenever the prefetch turn (every 50 ms) came later than its 100 ms, and be held, which the
+    flood's full ``maxHeld`` refuses. Each of :data:`PROBES` resources asks once a second."""
+    path = f"/v2/{REPO}/manifests/{PROBE_TAG}?ns={PROBE_HOST}"
+    return [request(path, f"probe-{i}") for i in range(PROBES)]
+
+
+def first_probes(port: int) -> bool:
+    """Each probe resource asks once before the flood, so none is a resource the flood's full
+    ``maxResources`` refuses; whether each was answered 200."""
+    return asyncio.run(pipelined(port, probe_requests())) == Counter({200: PROBES})
+
+
 async def answer(reader: asyncio.StreamReader, method: bytes) -> int:
     """Read one answer (its body too, unless it answers a HEAD); its status."""
     head = await reader.readuntil(b"\r\n\r\n")
@@ -362,7 +378,7 @@ def sample(pid: int, port: int, stop_file: Path) -> dict[str, Any]:
     probe = socket.create_connection((LOOPBACK, port))
     probe.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     health = socket.create_connection((LOOPBACK, port))
-    probe_line = request(f"/v2/{REPO}/manifests/{PROBE_TAG}?ns={PROBE_HOST}", "probe")
+    probes = probe_requests()
     health_line = request("/healthz", "probe", "GET")
     heads: list[float] = []
     lags: list[float] = []
@@ -396,7 +412,7 @@ def sample(pid: int, port: int, stop_file: Path) -> dict[str, Any]:
             break
         rss.append(vm["VmRSS"])
         hwm = max(hwm, vm["VmHWM"])
-        seconds, code = exchange(probe, probe_line, head=True)
+        seconds, code = exchange(probe, probes[len(heads) % len(probes)], head=True)
         heads.append(seconds * 1000)
         probe_statuses[code] += 1
         seconds, _ = exchange(health, health_line, head=False)
@@ -795,9 +811,8 @@ def main(args: argparse.Namespace) -> None:
                 t0 = time.monotonic()
                 seed(registry, plan.tags, args.manifest_bytes)
                 print(f"seeded {len(plan.tags):,} tags in {time.monotonic() - t0:.1f} s")
-                probe = request(f"/v2/{REPO}/manifests/{PROBE_TAG}?ns={PROBE_HOST}", "probe")
-                if asyncio.run(pipelined(port_of(kuik), [probe])) != Counter({200: 1}):
-                    raise RuntimeError("the probe's first HEAD was not answered 200")
+                if not first_probes(port_of(kuik)):
+                    raise RuntimeError("the probes' first HEADs were not answered 200")
                 with sampling(workdir, kuik.pid, port_of(kuik)) as sampled:
                     t0 = time.monotonic()
                     done = asyncio.run(flood(port_of(kuik), plan, digest, seconds))

@@ -18,19 +18,15 @@ import pytest
 from bench.flood import (
     BIG_REPO,
     LIMIT_REASONS,
-    PROBE_HOST,
-    PROBE_TAG,
-    REPO,
     TARGET_HEAD_MS,
     Plan,
     bounds_of,
+    first_probes,
     flood,
     flood_config,
-    pipelined,
     proc_status,
     raise_nofile,
     refusals_of,
-    request,
     sampling,
     seed,
     table,
@@ -64,8 +60,7 @@ def test_a_flood_of_every_bound_at_once_stays_in_the_budget_and_is_counted(
                 pipelines=4, pipelined=200)  # fmt: skip
     seed(registry, plan.tags, plan.manifest_bytes)
     digest = push_big_blob(registry.url, BIG_REPO, 8)
-    probe = request(f"/v2/{REPO}/manifests/{PROBE_TAG}?ns={PROBE_HOST}", "probe")
-    assert asyncio.run(pipelined(proxy.port, [probe])) == {200: 1}
+    assert first_probes(proxy.port)
 
     with sampling(proxy.workdir, proxy.pid, proxy.port) as sampled:
         done = asyncio.run(flood(proxy.port, plan, digest, hold_for=3.0))
