@@ -23,8 +23,9 @@ import base64
 import json
 import logging
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from kuikproxy.core.fleetturns import Turns
 from kuikproxy.core.images import MANIFESTS
@@ -75,6 +76,8 @@ class FleetLink:
         # alone, the share of the fleet's buckets this proxy may use: (host, fleet size) →
         # bucket key → (tokens, loop time)
         self._alone: dict[tuple[str, int], dict[str, tuple[float, float]]] = {}
+        # content by digest this proxy read and is telling the fleet of (:meth:`read_over`)
+        self._telling: dict[tuple[str, str], asyncio.Future[None]] = {}
 
     def turns(self) -> Turns:
         """A series' own turns, before the store has told any."""
@@ -182,6 +185,9 @@ class FleetLink:
         when no other was), and tells the fleet with :meth:`read_over` — also when the store
         cannot be reached, or what the fleet has does not serve ``request``."""
         host, key = request.host, _content_key(request.image.key)
+        telling = self._telling.get((host, key))
+        if telling is not None:  # this proxy's last read of it: its own mark would send it again
+            await asyncio.shield(telling)
         ttl = max(until - self.loop.time(), READ_POLL)
         while True:
             try:
@@ -197,16 +203,33 @@ class FleetLink:
                 return None
             await asyncio.sleep(READ_POLL)
 
-    async def read_over(self, request: RegistryRequest, answer: Answer | None, ttl: float) -> None:
-        """This proxy's read of content by digest is over: a 200 is kept for the fleet for
-        ``ttl`` seconds (``cache.maxAge``), and the proxies waiting for it are let go."""
+    def read_over(
+        self, request: RegistryRequest, answer: Answer | None, ttl: float
+    ) -> Coroutine[Any, Any, None]:
+        """This proxy's read of content by digest is over: what tells the fleet, to be run — a
+        200 is kept for the fleet for ``ttl`` seconds (``cache.maxAge``), and the proxies
+        waiting for it are let go. Until it has run, this proxy's next :meth:`read_once` of the
+        same content waits for it: the fleet's mark is still this proxy's, which would send it
+        to the registry again (a request arriving just after the read landed here)."""
         payload = None
         if answer is not None and answer.status == 200 and answer.method == "GET":
             payload = self._encode(answer.kept())
+        host, key = request.host, _content_key(request.image.key)
+        told = self.loop.create_future()
+        self._telling[host, key] = told
+        return self._tell(host, key, payload, ttl, told)
+
+    async def _tell(
+        self, host: str, key: str, payload: bytes | None, ttl: float, told: asyncio.Future[None]
+    ) -> None:
         try:
-            await self.backend.read(request.host, _content_key(request.image.key), payload, ttl)
+            await self.backend.read(host, key, payload, ttl)
         except FleetUnavailable as error:
             self._down(error)
+        finally:
+            told.set_result(None)
+            if self._telling.get((host, key)) is told:
+                del self._telling[host, key]
 
     def _encode(self, kept: Answer) -> bytes:
         payload = {

@@ -43,14 +43,17 @@ def fleet(
     monkeypatch: pytest.MonkeyPatch,
 ) -> Start:
     """``fleet(n)``: n proxies of one fleet; ``fleet(n, state)`` on a given shared state,
-    ``fleet(n, state, host)`` with more YAML for the host's block.
+    ``fleet(n, state, host)`` with more YAML for the host's block, ``kind`` the store's
+    handles (a :class:`MemoryFleet` that misbehaves).
 
     The wall clock is made to run with the loop's virtual one, as it does with a real loop:
     each proxy converts the fleet's wall times with its own offset, and real milliseconds
     spent starting the next proxy would otherwise shift its grid from the first one's."""
     _, server = registry
 
-    async def start(count: int, state: FleetState | None = None, host: str = "") -> list[Client]:
+    async def start(
+        count: int, state: FleetState | None = None, host: str = "", kind: type = MemoryFleet
+    ) -> list[Client]:
         loop = asyncio.get_running_loop()
         monkeypatch.setattr(time, "time", lambda: 1.8e9 + loop.time())
         state = state or FleetState(clock=loop.time)
@@ -61,7 +64,7 @@ def fleet(
                 f"registries:\n  {HOST}:\n    upstream: http://127.0.0.1:{server.port}\n"
                 f"    check: {{interval: {INTERVAL * 1000:g}ms}}\n{host}"
             )
-            app = build_app(config, fleet=MemoryFleet(state, f"p{n}"))
+            app = build_app(config, fleet=kind(state, f"p{n}"))
             clients.append(await aiohttp_client(app, server_kwargs={"handler_cancellation": True}))
         await asyncio.sleep(0)  # each proxy's series take the fleet's grid
         return clients
@@ -311,4 +314,33 @@ async def test_a_manifest_by_digest_two_proxies_windows_read_at_once_is_read_onc
         )
     )
     assert [(a.status, await a.read()) for a in answers] == [(200, body)] * 2
+    assert [s.path for s in fake.reads()] == [f"/v2/app/manifests/{digest}"]
+
+
+class SlowToTell(MemoryFleet):
+    """A fleet's store that takes a second to be told a read of content landed (Redis
+    answering slowly): the proxy's own mark stays the fleet's that long."""
+
+    async def read(self, host: str, key: str, answer: bytes | None, ttl: float) -> None:
+        await asyncio.sleep(1.0)
+        await super().read(host, key, answer, ttl)
+
+
+async def test_a_manifest_by_digest_asked_again_while_the_fleet_is_told_of_it_is_not_read_again(
+    fleet: Start, registry: tuple[Registry, TestServer]
+) -> None:
+    """A proxy read a manifest by digest for the fleet and is still telling the fleet's store
+    of it when another resource's window asks for it: the fleet's mark is still this proxy's
+    own, which must not send it to the registry again — it waits for the telling, then finds
+    the answer kept for the fleet. The registry's record is the count."""
+    fake, _ = registry
+    (client,) = await fleet(1, host="    copy: {interval: 200ms, idle: 0s}\n", kind=SlowToTell)
+    body = manifest_of("app", "v1")
+    digest = digest_of(body)
+    for node in ("node-0", "node-1"):
+        answer = await client.get(
+            f"/v2/app/manifests/{digest}?ns={HOST}",
+            headers={"Kuik-Resource": node, "Accept": MANIFEST_TYPE},
+        )
+        assert (answer.status, await answer.read()) == (200, body)
     assert [s.path for s in fake.reads()] == [f"/v2/app/manifests/{digest}"]
