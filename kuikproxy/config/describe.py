@@ -258,6 +258,7 @@ def describe(config: Config) -> str:
         *_budget(config),
         f"limits: maxRingImages {limits.max_ring_images} (of maxImages)",
         _forward_proxy(config),
+        config.fleet.describe() if config.fleet is not None else "fleet: none (paced alone)",
         "",
         *_flow_control(config.flow_control),
     ]

@@ -7,12 +7,12 @@ restarts, forward-proxy mode (§13) and the fleet a proxy paces with.
 from __future__ import annotations
 
 import fnmatch
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from kuikproxy.config.base import MODEL_CONFIG, PositiveInt, host_patterns
+from kuikproxy.config.base import MODEL_CONFIG, Loc, NestedErrors, PositiveInt, host_patterns
 from kuikproxy.config.fields import Duration, Size
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "ForwardProxyCA",
     "ForwardProxySettings",
     "LimitsSettings",
+    "RedisMode",
     "RedisSettings",
     "StateSettings",
 ]
@@ -129,16 +130,136 @@ class ForwardProxySettings:
         )
 
 
+RedisMode = Literal["single", "sentinel", "cluster"]
+"""The kind of Redis a fleet runs on (``/status.fleet.store.mode``)."""
+
+
+def _address(text: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``) → (host, port); ``ValueError`` says what is wrong."""
+    host, colon, port = text.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f'"{text}" is not host:port')
+    return host, int(port)
+
+
 @dataclass(frozen=True, config=MODEL_CONFIG)
 class RedisSettings:
-    """Where the fleet meets."""
+    """Where the fleet meets: one Redis server or a replicated primary (``url``), a Redis
+    Cluster (``url`` of one of its nodes, ``cluster: true``), or the master Redis Sentinel
+    names (``sentinels`` and ``masterName``, no ``url``), followed across a failover."""
 
-    url: Annotated[str, Field(min_length=1)]
-    """``redis://host:port/db``, or ``rediss://`` for TLS; a password may be in it."""
+    url: Annotated[str, Field(min_length=1)] | None = None
+    """``redis://host:port/db``, or ``rediss://`` for TLS; a password may be in it. With
+    ``cluster``, any node of the cluster (the others are learnt from it)."""
+    cluster: bool = False
+    """``url`` is a node of a Redis Cluster."""
+    sentinels: tuple[str, ...] = ()
+    """``host:port`` of the Sentinels watching the master, instead of ``url``."""
+    master_name: Annotated[str, Field(min_length=1)] | None = None
+    """The master's name in the Sentinels' config (``sentinel monitor <name> ...``)."""
+    username: Annotated[str, Field(min_length=1)] | None = None
+    """An ACL user (Redis 6+), signed in with ``passwordFile``; unset: ``default``."""
     password_file: Annotated[str, Field(min_length=1)] | None = None
     """A file holding the password (a mounted Secret), instead of one in the URL."""
+    sentinel_password_file: Annotated[str, Field(min_length=1)] | None = None
+    """A file holding the Sentinels' own password (their ``requirepass``), if they have one."""
+    tls: bool = False
+    """With ``sentinels``: TLS to the master and to the Sentinels (a ``url`` says it by
+    ``rediss://``)."""
     tls_ca_file: Annotated[str, Field(min_length=1)] | None = None
-    """The CA that signs the server's certificate (``rediss://``), besides the system's."""
+    """The CA that signs the server's certificate (``rediss://``, or ``tls``), besides the
+    system's."""
+
+    @field_validator("sentinels")
+    @classmethod
+    def _check_sentinels(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        problems: list[tuple[Loc, str]] = []
+        for at, text in enumerate(value):
+            try:
+                _address(text)
+            except ValueError as error:
+                problems.append(((at,), str(error)))
+        if problems:
+            raise NestedErrors(problems)
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> RedisSettings:
+        problems = self._problems()
+        if problems:
+            raise NestedErrors([((key,), reason) for key, reason in problems])
+        return self
+
+    def _problems(self) -> list[tuple[str, str]]:
+        if self.sentinels:
+            problems = [
+                (key, f"not with sentinels: {why}")
+                for key, why, given in (
+                    ("url", "the master is the one the Sentinels name", self.url),
+                    ("cluster", "Sentinel does not watch a Redis Cluster", self.cluster),
+                )
+                if given
+            ]
+            if self.master_name is None:
+                problems.append(("masterName", "required with sentinels"))
+            if self.tls_ca_file is not None and not self.tls:
+                problems.append(("tlsCaFile", "needs tls: true"))
+            return problems
+        if self.url is None:
+            return [("url", "required: a Redis URL, or sentinels and masterName")]
+        problems = [
+            (key, "only with sentinels")
+            for key, given in (
+                ("masterName", self.master_name),
+                ("sentinelPasswordFile", self.sentinel_password_file),
+            )
+            if given is not None
+        ]
+        if self.tls:
+            problems.append(("tls", "only with sentinels: a URL turns TLS on by rediss://"))
+        scheme = self.url.partition("://")[0].lower()
+        if self.cluster and scheme not in ("redis", "rediss"):
+            problems.append(("url", "a Redis Cluster is reached by redis:// or rediss://"))
+        if self.tls_ca_file is not None and scheme != "rediss":
+            problems.append(("tlsCaFile", "needs a rediss:// url"))
+        return problems
+
+    @property
+    def mode(self) -> RedisMode:
+        return "sentinel" if self.sentinels else "cluster" if self.cluster else "single"
+
+    def sentinel_addresses(self) -> tuple[tuple[str, int], ...]:
+        return tuple(_address(text) for text in self.sentinels)
+
+    def describe(self) -> str:
+        """The Redis, for ``check-config``: never a password (a URL's is masked)."""
+        if self.sentinels:
+            where = f"sentinel, master {self.master_name} of {', '.join(self.sentinels)}"
+        else:
+            assert self.url is not None
+            where = f"{self.mode}, {_without_password(self.url)}"
+        parts = [where]
+        if self.username is not None:
+            parts.append(f"username {self.username}")
+        for key, path in (
+            ("passwordFile", self.password_file),
+            ("sentinelPasswordFile", self.sentinel_password_file),
+            ("tlsCaFile", self.tls_ca_file),
+        ):
+            if path is not None:
+                parts.append(f"{key} {path}")
+        if self.tls:
+            parts.append("tls")
+        return ", ".join(parts)
+
+
+def _without_password(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, location = rest.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return f"{scheme}{sep}{userinfo.partition(':')[0]}:***@{location}"
 
 
 @dataclass(frozen=True, config=MODEL_CONFIG)
@@ -151,3 +272,8 @@ class FleetSettings:
     name: Annotated[str, Field(min_length=1, max_length=253)] | None = None
     """This proxy's name in the fleet, unique per proxy and stable across its restarts;
     default the machine's host name (a pod's name)."""
+
+    def describe(self) -> str:
+        """The fleet, for ``check-config``."""
+        name = self.name or "the host name"
+        return f"fleet: name {name}, redis {self.redis.describe()}"

@@ -8,6 +8,7 @@ the runtime then paces alone, on its own turns (one window in the n it last shar
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from kuikproxy.core.fleetturns import Claim
@@ -17,6 +18,15 @@ from kuikproxy.errors import KuikProxyError
 
 class FleetUnavailable(KuikProxyError):
     """The fleet's store cannot be reached (or answered an error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreView:
+    """The fleet's store as ``/status.fleet.store`` tells it."""
+
+    mode: str  # "single", "sentinel", "cluster" (Redis); "memory" (one process's fleet)
+    address: str | None  # the server; on Sentinel, the master it named last (None: none yet)
+    nodes: int | None  # a Redis Cluster's primaries, as last learnt
 
 
 class FleetBackend(Protocol):
@@ -81,6 +91,10 @@ class FleetBackend(Protocol):
 
     async def size(self) -> int:
         """How many proxies the fleet has (seen within the last minute), this one included."""
+        ...
+
+    def store(self) -> StoreView:
+        """What the store is (and, on Sentinel, which master it is now): no round trip."""
         ...
 
     async def close(self) -> None: ...

@@ -15,13 +15,26 @@ async def join(settings: FleetSettings) -> FleetBackend:
     from kuikproxy.fleet.redis import RedisFleet
 
     redis = settings.redis
-    password = None
-    if redis.password_file is not None:
-        secret = await asyncio.to_thread(Path(redis.password_file).read_text, encoding="utf-8")
-        password = secret.strip()
     # a pod's host name is its name: unique in the fleet, and the same after a restart, so a
     # restarted proxy takes its place in the turns rather than adding one
     name = settings.name or socket.gethostname()
     return await RedisFleet.connect(
-        redis.url, name, password=password, tls_ca_file=redis.tls_ca_file
+        redis.url,
+        name,
+        password=await _secret(redis.password_file),
+        tls_ca_file=redis.tls_ca_file,
+        cluster=redis.cluster,
+        sentinels=redis.sentinel_addresses(),
+        master_name=redis.master_name,
+        username=redis.username,
+        sentinel_password=await _secret(redis.sentinel_password_file),
+        tls=redis.tls,
     )
+
+
+async def _secret(path: str | None) -> str | None:
+    """A password from its file (a mounted Secret), without the line's end."""
+    if path is None:
+        return None
+    secret = await asyncio.to_thread(Path(path).read_text, encoding="utf-8")
+    return secret.strip()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from kuikproxy.core.fleetturns import Claim, careful_for
 from kuikproxy.core.quota import SharedBucket, take_shared
-from kuikproxy.fleet.backend import FleetUnavailable
+from kuikproxy.fleet.backend import FleetUnavailable, StoreView
 
 Series = tuple[str, str]  # (host, "check" | "copy")
 SEEN_FOR = 60.0  # a proxy counts in the fleet's size this long after it was last heard of
@@ -142,6 +142,9 @@ class MemoryFleet:
     async def size(self) -> int:
         now = self._now()
         return sum(1 for last in self.state.seen.values() if last >= now - SEEN_FOR) or 1
+
+    def store(self) -> StoreView:
+        return StoreView("memory", None, None)
 
     async def close(self) -> None:
         return None

@@ -29,14 +29,24 @@ Key layout, with the default ``key_prefix`` ``kuikproxy:``, ``<series>`` ``check
 
 Another ``key_prefix`` keeps several fleets apart on one Redis. Every read-modify-write is one
 Lua script, so it is atomic: two proxies can never both take a window, and a block is never
-shortened. The host is hash-tagged so that a host's keys stay together, but the scripts also
-touch ``kuikproxy:fleet`` (the heartbeat rides along every call: one round trip), so the target
-is one Redis server (or a replicated primary), not a Redis Cluster — the fleet's data is a few
-small keys per host.
+shortened. The Redis is one server (or a replicated primary), Sentinel's master, or a Redis
+Cluster (:mod:`.redisstore`). Every script's keys are one host's, hash-tagged ``{<host>}`` so
+that they share a slot, with one exception: on one server (and Sentinel's master) the origin
+and claim scripts also take ``kuikproxy:fleet`` as their last key, so that the heartbeat rides
+along every claim (one round trip). On a Redis Cluster that key is in a slot of its own and is
+left out: the heartbeat is then the size's call alone (at least every 10 s, well inside the
+60 s a proxy counts), and a claim is still one round trip, to the node serving the host's slot.
+The key names are the same everywhere (proxies of two versions share a fleet).
 
-Every error reaching Redis (refused, timed out, authentication, a script error) is raised as
-:class:`FleetUnavailable`; timeouts are short (1 s) and only a broken connection is retried
-(once, at once), because the runtime's answer to an unreachable store — pace alone, slower —
+On Sentinel a call that reached another master than the last one (a failover) is reported as
+the store lost (:class:`FleetUnavailable`), so the runtime takes the fleet's grid again and is
+careful for a while; the master is also asked for every second, not only when the old one
+refuses writes.
+
+Every error reaching Redis (refused, timed out, authentication, a script error, no node of
+a cluster) is raised as :class:`FleetUnavailable`; timeouts are short (1 s) and only a broken
+connection is retried (once, at once; a cluster retries a timeout too, to learn its slots
+again), because the runtime's answer to an unreachable store — pace alone, slower —
 is cheap and safe, and a window must not wait for the store.
 """
 
@@ -50,77 +60,81 @@ import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-import redis.asyncio
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
-from kuikproxy.core.fleetturns import STORE_TIMEOUT, Claim
+from kuikproxy.core.fleetturns import Claim
 from kuikproxy.core.quota import SharedBucket
-from kuikproxy.fleet.backend import FleetBackend, FleetUnavailable
+from kuikproxy.fleet.backend import FleetBackend, FleetUnavailable, StoreView
+from kuikproxy.fleet.redisstore import TIMEOUT, OpenStore, RedisStore
 
 log = logging.getLogger(__name__)
 
-TIMEOUT = STORE_TIMEOUT  # seconds to connect, and per command: a window must not wait long
 HEARTBEAT_EVERY = 10.0  # seconds between heartbeats when the runtime calls nothing
+FOLLOW_EVERY = 1.0  # seconds between questions to Sentinel: which master is it now?
 ALIVE_FOR = 60  # seconds a proxy counts in the fleet's size after its last heartbeat
 
-# Every script but the block's starts here: ``now`` from Redis' clock, and this proxy's
-# heartbeat (KEYS[1] the fleet, ARGV[1] this proxy's name). Redis' clock, not the callers':
-# who was seen when is compared across proxies, and their clocks may disagree.
-_HEARTBEAT = """
+
+def _now_and_heartbeat(fleet: int) -> str:
+    """Lua that starts a script: ``now`` from Redis' clock, and, when ``KEYS[fleet]`` is given
+    (the fleet's sorted set), this proxy's heartbeat in it (``ARGV[1]`` its name). Redis'
+    clock, not the callers': who was seen when is compared across proxies, and their clocks
+    may disagree. On a Redis Cluster that key is left out (it is in a slot of its own, and a
+    script's keys must share one): the heartbeat is then :meth:`RedisFleet.size`'s alone."""
+    return f"""
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - ALIVE_MS))
-""".replace("ALIVE_MS", str(ALIVE_FOR * 1000))
+if KEYS[{fleet}] then
+  redis.call('ZADD', KEYS[{fleet}], now, ARGV[1])
+  redis.call('ZREMRANGEBYSCORE', KEYS[{fleet}], '-inf', '(' .. (now - {ALIVE_FOR * 1000}))
+end
+"""
 
-# KEYS: fleet, origin, forming. ARGV: name, interval (ms), proposed origin, '1' if this proxy
+
+# KEYS: origin, forming[, fleet]. ARGV: name, interval (ms), proposed origin, '1' if this proxy
 # had the fleet's origin before (else ''). Numbers travel as strings both ways (a Lua number
 # returned to Redis is cut to an integer).
 _ORIGIN = (
-    _HEARTBEAT
+    _now_and_heartbeat(3)
     + """
-local interval = redis.call('HGET', KEYS[2], 'interval')
+local interval = redis.call('HGET', KEYS[1], 'interval')
 if interval == ARGV[2] then
-  return redis.call('HGET', KEYS[2], 'origin')
+  return redis.call('HGET', KEYS[1], 'origin')
 end
 if not interval and ARGV[4] == '1' then
   -- the store lost it (restarted empty) and a proxy of the fleet is back: turns forming
-  redis.call('SET', KEYS[3], '1', 'PX', 2 * tonumber(ARGV[2]) + TIMEOUT_MS)
+  redis.call('SET', KEYS[2], '1', 'PX', 2 * tonumber(ARGV[2]) + TIMEOUT_MS)
 end
-redis.call('HSET', KEYS[2], 'interval', ARGV[2], 'origin', ARGV[3])
+redis.call('HSET', KEYS[1], 'interval', ARGV[2], 'origin', ARGV[3])
 return ARGV[3]
 """
 ).replace("TIMEOUT_MS", str(round(TIMEOUT * 1000)))
 
-# KEYS: fleet, origin, due, window k, forming. ARGV: name, interval (ms), the origin this proxy
-# uses ('' if it never asked), k. Returns {won, place, of, forming} (core.fleetturns.Claim).
+# KEYS: origin, due, window k, forming[, fleet]. ARGV: name, interval (ms), the origin this
+# proxy uses ('' if it never asked), k. Returns {won, place, of, forming} (core.fleetturns.Claim).
 _CLAIM = (
-    _HEARTBEAT
+    _now_and_heartbeat(5)
     + """
 local span = 2 * tonumber(ARGV[2])
 if ARGV[3] ~= '' then
-  local interval = redis.call('HGET', KEYS[2], 'interval')
+  local interval = redis.call('HGET', KEYS[1], 'interval')
   if not interval then
     -- the store lost it (restarted empty): put back the one the fleet used, so that a proxy
     -- joining now gets the same grid instead of starting one of its own; the turns are
     -- forming again, and proxies may still pace alone on theirs
-    redis.call('HSET', KEYS[2], 'interval', ARGV[2], 'origin', ARGV[3])
-    redis.call('SET', KEYS[5], '1', 'PX', span + TIMEOUT_MS)
-  elseif interval ~= ARGV[2] or redis.call('HGET', KEYS[2], 'origin') ~= ARGV[3] then
+    redis.call('HSET', KEYS[1], 'interval', ARGV[2], 'origin', ARGV[3])
+    redis.call('SET', KEYS[4], '1', 'PX', span + TIMEOUT_MS)
+  elseif interval ~= ARGV[2] or redis.call('HGET', KEYS[1], 'origin') ~= ARGV[3] then
     -- this proxy's grid is not the fleet's (its config has another interval, or another
     -- proxy set the origin since): its windows fall between the fleet's, none may be used
     return {0, 0, 0, 0}
   end
 end
-local forming = redis.call('EXISTS', KEYS[5])
-redis.call('ZADD', KEYS[3], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. (now - span))
-redis.call('PEXPIRE', KEYS[3], span + 1000)
+local forming = redis.call('EXISTS', KEYS[4])
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - span))
+redis.call('PEXPIRE', KEYS[2], span + 1000)
 -- turns: window k to the (k mod n)-th by name of the proxies due within two intervals
-local due = redis.call('ZRANGE', KEYS[3], 0, -1)
+local due = redis.call('ZRANGE', KEYS[2], 0, -1)
 table.sort(due)
 local place = 0
 for i, name in ipairs(due) do
@@ -128,9 +142,9 @@ for i, name in ipairs(due) do
     place = i - 1
   end
 end
-local owner = redis.call('GET', KEYS[4])
+local owner = redis.call('GET', KEYS[3])
 if not owner and tonumber(ARGV[4]) % #due == place then
-  redis.call('SET', KEYS[4], ARGV[1], 'PX', span + 1000)
+  redis.call('SET', KEYS[3], ARGV[1], 'PX', span + 1000)
   owner = ARGV[1]
 end
 return {owner == ARGV[1] and 1 or 0, place, #due, forming}
@@ -138,7 +152,7 @@ return {owner == ARGV[1] and 1 or 0, place, #due, forming}
 ).replace("TIMEOUT_MS", str(round(TIMEOUT * 1000)))
 
 # KEYS: fleet. ARGV: name. The proxies seen within ALIVE_FOR, this one included.
-_SIZE = _HEARTBEAT + "return redis.call('ZCARD', KEYS[1])"
+_SIZE = _now_and_heartbeat(1) + "return redis.call('ZCARD', KEYS[1])"
 
 # KEYS: block. ARGV: until (wall seconds), until (ms, rounded up). A block is never shortened;
 # Redis expires it at its end (by Redis' clock: a skew between it and the proxies' clocks
@@ -226,14 +240,16 @@ return 0
 
 
 class RedisFleet:
-    """A :class:`FleetBackend` on one Redis server. Make one with :meth:`connect`."""
+    """A :class:`FleetBackend` on Redis (:mod:`.redisstore`). Make one with :meth:`connect`."""
 
-    def __init__(self, client: redis.asyncio.Redis, name: str, key_prefix: str) -> None:
+    def __init__(self, store: OpenStore, name: str, key_prefix: str) -> None:
         self.name = name
-        self._redis = client
-        where = client.connection_pool.connection_kwargs  # never the URL: it may hold a password
-        self._where = where.get("path") or f"{where.get('host')}:{where.get('port')}"
+        self._store = store
+        self._redis = client = store.client
+        self._where = store.where
         self._prefix = key_prefix
+        # the heartbeat rides along every origin and claim, but on a cluster (another slot)
+        self._fleet_keys = [] if store.mode == "cluster" else [f"{key_prefix}fleet"]
         self._fleet_key = f"{key_prefix}fleet"
         self._origin = client.register_script(_ORIGIN)
         self._claim = client.register_script(_CLAIM)
@@ -245,44 +261,48 @@ class RedisFleet:
         # the origin this proxy was given per (host, series), checked by every claim
         self._origins: dict[tuple[str, str], str] = {}
         self._heartbeat: asyncio.Task[None] | None = None
+        self._master = store.master()  # on Sentinel, the master the last call went to
 
     @classmethod
     async def connect(
         cls,
-        url: str,
+        url: str | None,
         name: str,
         *,
         password: str | None = None,
         tls_ca_file: str | None = None,
         key_prefix: str = "kuikproxy:",
+        cluster: bool = False,
+        sentinels: tuple[tuple[str, int], ...] = (),
+        master_name: str | None = None,
+        username: str | None = None,
+        sentinel_password: str | None = None,
+        tls: bool = False,
     ) -> RedisFleet:
         """A fleet on the Redis at ``url`` (``redis://`` or, for TLS, ``rediss://``; a password
-        in the URL wins over ``password``). Returns even when Redis cannot be reached yet: the
-        calls then raise :class:`FleetUnavailable` until it can, so a proxy starts alone and
-        joins when the store answers. A malformed URL or option is a ``ValueError``."""
-        options: dict[str, Any] = {
-            "socket_connect_timeout": TIMEOUT,
-            "socket_timeout": TIMEOUT,
-            # RESP2, as redis-py before 8 spoke: any Redis (and look-alike) answers it, and a
-            # missing password reads "Authentication required" rather than a HELLO error
-            "protocol": 2,
-            # one retry, at once, of a connection that failed (every script is idempotent):
-            # a pooled connection that a restarted server closed is then replaced; a timeout is
-            # not retried, a window must not wait twice
-            "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-        }
-        if password is not None:
-            options["password"] = password
-        if tls_ca_file is not None:
-            if not url.startswith("rediss://"):
-                raise ValueError("fleet: a TLS CA file needs a rediss:// URL")
-            options["ssl_ca_certs"] = tls_ca_file
-        client = redis.asyncio.from_url(url, **options)
-        fleet = cls(client, name, key_prefix)
+        in the URL wins over ``password``; with ``cluster``, a node of a Redis Cluster), or on
+        the master ``sentinels`` name ``master_name`` (no ``url``; ``tls`` then turns TLS on).
+        Returns even when Redis cannot be reached yet: the calls then raise
+        :class:`FleetUnavailable` until it can, so a proxy starts alone and joins when the
+        store answers. A malformed URL or option is a ``ValueError``."""
+        where = RedisStore(
+            url=url,
+            cluster=cluster,
+            sentinels=sentinels,
+            master_name=master_name,
+            username=username,
+            password=password,
+            sentinel_password=sentinel_password,
+            tls=tls,
+            tls_ca_file=tls_ca_file,
+        )
+        fleet = cls(OpenStore(where), name, key_prefix)
         try:
             await fleet.size()  # the first heartbeat: this proxy counts from now
-            # the scripts loaded now, so that the first claim of a window is one round trip
-            # (not a refusal, a load and a retry: a late first read of the fleet's)
+            # the scripts loaded now (on a cluster, on every primary), so that the first claim
+            # of a window is one round trip (not a refusal, a load and a retry: a late first
+            # read of the fleet's). A node that lacks one later (a new one, or one restarted
+            # after a reshard) answers NOSCRIPT, and redis-py's Script loads it again
             await fleet._call("scripts", fleet._load())
         except FleetUnavailable as error:
             log.warning("%s; pacing alone until it answers", error)
@@ -300,21 +320,32 @@ class RedisFleet:
 
     async def _call(self, what: str, call: Awaitable[Any]) -> Any:
         try:
-            return await call
-        except (RedisError, OSError) as error:
+            answer = await call
+        # a cluster client's own errors (no node reachable, say) are not RedisErrors
+        except (RedisError, RedisClusterException, OSError) as error:
             detail = str(error) or type(error).__name__
             raise FleetUnavailable(
                 f"fleet store {self._where} unavailable ({what}): {detail}"
             ) from error
+        master, self._master = self._master, self._store.master()
+        if master is not None and self._master != master:
+            # Sentinel named another master (a failover) and this call went there: it is
+            # reported as the store lost, so that the runtime is careful while the fleet's
+            # proxies move over one by one (each alone on its turns, or back carefully: none
+            # follows turns that only the proxies already moved are in); a window is lost
+            raise FleetUnavailable(
+                f"fleet store {self._where}: the master is now {self._master} ({what})"
+            )
+        return answer
 
     async def origin(self, host: str, series: str, interval: float, proposed: float) -> float:
         answer = await self._call(
             f"origin of {host} {series}",
             self._origin(
                 keys=[
-                    self._fleet_key,
                     self._key(host, series, "origin"),
                     self._key(host, series, "forming"),
+                    *self._fleet_keys,
                 ],
                 args=[
                     self.name,
@@ -333,11 +364,11 @@ class RedisFleet:
             f"claim of {host} {series} window {window}",
             self._claim(
                 keys=[
-                    self._fleet_key,
                     self._key(host, series, "origin"),
                     self._key(host, series, "due"),
                     self._key(host, series, "window", str(window)),
                     self._key(host, series, "forming"),
+                    *self._fleet_keys,
                 ],
                 args=[self.name, _ms(interval), self._origins.get((host, series), ""), window],
             ),
@@ -413,11 +444,22 @@ class RedisFleet:
         return max(1, int(count))
 
     async def _beat(self) -> None:
-        """Keep this proxy counted while the runtime calls nothing (no host has work due)."""
+        """Keep this proxy counted while the runtime calls nothing (no host has work due), and
+        on Sentinel ask every :data:`FOLLOW_EVERY` which master it is."""
+        every = FOLLOW_EVERY if self._store.mode == "sentinel" else HEARTBEAT_EVERY
+        beat = 0.0
         while True:
-            await asyncio.sleep(HEARTBEAT_EVERY)
-            with contextlib.suppress(FleetUnavailable):  # the runtime's calls report it
-                await self.size()
+            await asyncio.sleep(every)
+            beat += every
+            with contextlib.suppress(RedisError):  # the runtime's calls report it
+                await self._store.follow()
+            if beat >= HEARTBEAT_EVERY:
+                beat = 0.0
+                with contextlib.suppress(FleetUnavailable):
+                    await self.size()
+
+    def store(self) -> StoreView:
+        return self._store.view()
 
     async def close(self) -> None:
         if self._heartbeat is not None:
@@ -425,7 +467,7 @@ class RedisFleet:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._heartbeat
             self._heartbeat = None
-        await self._redis.aclose()
+        await self._store.close()
 
 
 if TYPE_CHECKING:

@@ -23,6 +23,7 @@ from kuikproxy.observe.statusmodels import (
     ConfigStatus,
     CopySeries,
     FleetStatus,
+    FleetStoreStatus,
     FlowControlStatus,
     PriorityLevelStatus,
     Queues,
@@ -217,6 +218,9 @@ def fleet_status(view: FleetView, clock: Clock) -> FleetStatus:
         size=view.size,
         since=clock.rfc3339(view.since),
         lastError=view.error,
+        store=FleetStoreStatus(
+            mode=view.store.mode, address=view.store.address, nodes=view.store.nodes
+        ),
     )
 
 

@@ -197,12 +197,24 @@ class FlowControlStatus(_Model):
     priority_levels: list[PriorityLevelStatus] = Field(alias="priorityLevels")
 
 
+class FleetStoreStatus(_Model):
+    mode: str = Field(
+        description="single (one server or a replicated primary), sentinel, or cluster"
+    )
+    address: str | None = Field(
+        description="the server; on Sentinel the master it named at this proxy's last "
+        "connection (None: none yet); None on a cluster"
+    )
+    nodes: int | None = Field(description="a Redis Cluster's primaries, as last learnt")
+
+
 class FleetStatus(_Model):
     name: str
     connected: bool = Field(description="false: pacing alone, on one window in `size`")
     size: int = Field(description="proxies in the fleet, as last seen, this one included")
     since: str = Field(description="when `connected` last changed")
     last_error: str | None = Field(alias="lastError")
+    store: FleetStoreStatus = Field(description="the fleet's Redis")
 
 
 class Status(_Model):

@@ -32,7 +32,7 @@ from kuikproxy.core.images import MANIFESTS
 from kuikproxy.core.quota import SharedBucket, take_shared
 from kuikproxy.core.tickets import Operation
 from kuikproxy.core.windows import Series
-from kuikproxy.fleet.backend import FleetBackend, FleetUnavailable
+from kuikproxy.fleet.backend import FleetBackend, FleetUnavailable, StoreView
 from kuikproxy.runtime.kept import lookups
 from kuikproxy.runtime.messages import Answer, RegistryRequest
 
@@ -50,6 +50,7 @@ class FleetView:
     size: int  # the last known number of proxies, this one included
     since: float  # loop time of the last change of ``connected``
     error: str | None
+    store: StoreView  # what the store is: single, sentinel (and its master), cluster
 
 
 class FleetLink:
@@ -282,7 +283,14 @@ class FleetLink:
         self._aligned.clear()
 
     def view(self) -> FleetView:
-        return FleetView(self.backend.name, self.connected, self.size, self.since, self.error)
+        return FleetView(
+            self.backend.name,
+            self.connected,
+            self.size,
+            self.since,
+            self.error,
+            self.backend.store(),
+        )
 
 
 def _kept_key(image_key: str, method: str, owner: str | None) -> str:

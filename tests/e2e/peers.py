@@ -139,14 +139,37 @@ def stop_process(process: subprocess.Popen[bytes] | None, timeout: float = 10) -
 
 def rss_kib(pid: int) -> int:
     """VmRSS of ``pid`` in KiB (0 if it is gone)."""
+    return vm_kib(pid, "VmRSS")
+
+
+def vm_kib(pid: int, field: str) -> int:
+    """A ``/proc/PID/status`` figure in KiB (``VmHWM``: the peak RSS); 0 if ``pid`` is gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
     except OSError:
         pass
     return 0
+
+
+_SKMEM = re.compile(r"skmem:\(r(\d+),rb\d+,t\d+,tb\d+,f\d+,w(\d+)")
+
+
+def socket_queues(pid: int) -> tuple[int, int]:
+    """Bytes queued in ``pid``'s TCP sockets, received and to send (``ss -tmp``): kernel memory
+    the pod's memory cgroup is charged for, not in the process's RSS."""
+    out = subprocess.run(["ss", "-tmnpH"], capture_output=True, text=True, check=True).stdout
+    received = sending = 0
+    owned = False
+    for line in out.splitlines():
+        if "users:" in line:
+            owned = f"pid={pid}," in line
+        elif owned and (queued := _SKMEM.search(line)) is not None:
+            received += int(queued.group(1))
+            sending += int(queued.group(2))
+    return received, sending
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
@@ -1497,3 +1520,188 @@ def run_at_most(args: Sequence[str], seconds: float, env: Mapping[str, str] | No
     return Run(
         list(args), process.returncode, output.decode(errors="replace"), time.monotonic() - started
     )
+
+
+# --- Redis Sentinel, Redis Cluster and a fleet of kuikproxy -----------------------------------
+# (one redis-server is ``tests/fleet/conftest.RedisServer``; these run beside it)
+
+REDIS_CLI = "redis-cli"
+
+
+def cluster_node() -> tuple[str, ...]:
+    """The extra options of a ``redis-server`` that is a node of a Redis Cluster: its bus on a
+    port of its own (not port + 10000: the kernel's free ports may be above 55535)."""
+    return (
+        *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+        *("--cluster-node-timeout", "2000", "--cluster-port", str(free_port())),
+    )
+
+
+def redis_cli(
+    port: int, *args: str, user: tuple[str, str] | None = None, tls_ca: Path | None = None
+) -> str:
+    """``redis-cli`` against 127.0.0.1:``port`` (``user``: ACL user and password), its output;
+    a non-zero exit or an error reply fails."""
+    command = [REDIS_CLI, "-h", LOOPBACK, "-p", str(port), "--no-auth-warning"]
+    if user is not None:
+        command += ["--user", user[0], "--pass", user[1]]
+    if tls_ca is not None:
+        command += ["--tls", "--cacert", str(tls_ca)]
+    done = run([*command, *args], timeout=30)
+    # redis-cli exits 0 on an error reply when it is not a terminal: look at the text too
+    assert done.returncode == 0 and not done.output.startswith("ERR"), done
+    return done.output
+
+
+def wait_for(what: str, check: Any, timeout: float = 30.0) -> None:
+    """Poll ``check()`` every 0.1 s until it is true; fail after ``timeout`` with ``what``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not {what} within {timeout}s"
+        time.sleep(0.1)
+
+
+class RedisSentinel:
+    """``redis-sentinel`` on 127.0.0.1 watching the master on ``master_port`` as
+    ``master_name`` (``quorum`` Sentinels agreeing it is down; it is after 0.5 s without an
+    answer), with ``password`` its own ``requirepass``. Its config file is Sentinel's to
+    rewrite, under ``directory``."""
+
+    binary = "redis-sentinel"
+
+    def __init__(
+        self,
+        directory: Path,
+        master_port: int,
+        *,
+        master_name: str = "fleet",
+        quorum: int = 2,
+        password: str | None = None,
+    ) -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.master_name = master_name
+        self.password = password
+        lines = [
+            f"port {self.port}",
+            f"bind {LOOPBACK}",
+            f"dir {directory}",
+            f"sentinel monitor {master_name} {LOOPBACK} {master_port} {quorum}",
+            f"sentinel down-after-milliseconds {master_name} 500",
+            f"sentinel failover-timeout {master_name} 3000",
+        ]
+        if password is not None:  # its clients' password, and the one it gives the others
+            lines += [f"requirepass {password}", f"sentinel sentinel-pass {password}"]
+        self._config = "\n".join(lines) + "\n"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def host_port(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    def start(self) -> Self:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        config = self.directory / "sentinel.conf"
+        config.write_text(self._config)
+        self._process = spawn([self.binary, str(config)], self.directory / "sentinel.log")
+        wait_for(f"answering on {self.port}", self._answers, 10)
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            self.ask("PING")
+        except AssertionError:
+            return False
+        return True
+
+    def ask(self, *args: str) -> str:
+        user = None if self.password is None else ("default", self.password)
+        return redis_cli(self.port, *args, user=user)
+
+    def master(self) -> str:
+        """``host:port`` of the master, as this Sentinel says now."""
+        host, port = self.ask("SENTINEL", "get-master-addr-by-name", self.master_name).split()
+        return f"{host}:{port}"
+
+    def sees(self, replicas: int, sentinels: int) -> bool:
+        """Whether this Sentinel knows the master's ``replicas``, and ``sentinels`` watching
+        it (itself included)."""
+        info = self.ask("INFO", "sentinel")
+        return f"slaves={replicas},sentinels={sentinels}" in info
+
+    def stop(self) -> None:
+        stop_process(self._process)
+        self._process = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def create_cluster(ports: Sequence[int], user: tuple[str, str] | None = None) -> None:
+    """A Redis Cluster of the nodes on ``ports`` (started with :func:`cluster_node`), every
+    node a master, each slot served once all of them say ``cluster_state:ok``."""
+    nodes = [f"{LOOPBACK}:{port}" for port in ports]
+    redis_cli(ports[0], "--cluster", "create", *nodes, "--cluster-replicas", "0",
+              "--cluster-yes", user=user)  # fmt: skip
+    for port in ports:
+        wait_for(
+            f"cluster_state:ok on {port}",
+            lambda port=port: "cluster_state:ok" in redis_cli(port, "CLUSTER", "INFO", user=user),
+        )
+
+
+def cluster_slot_owner(ports: Sequence[int], slot: int, user: tuple[str, str] | None = None) -> int:
+    """The port of the node serving ``slot``, as the node on ``ports[0]`` says."""
+    for line in redis_cli(ports[0], "CLUSTER", "NODES", user=user).splitlines():
+        fields = line.split()
+        port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+        for taken in fields[8:]:
+            first, _, last = taken.partition("-")
+            if not first.startswith("[") and int(first) <= slot <= int(last or first):
+                return port
+    raise AssertionError(f"no node serves slot {slot}")
+
+
+def move_slot(
+    slot: int, source: int, target: int, ports: Sequence[int], user: tuple[str, str] | None = None
+) -> int:
+    """Reshard ``slot`` from the node on ``source`` to the one on ``target`` as ``redis-cli
+    --cluster reshard`` does, while clients keep using it: IMPORTING / MIGRATING, its keys
+    moved by MIGRATE in batches (clients get ASK, or TRYAGAIN, meanwhile), then the slot the
+    target's on every node. Returns how many keys moved."""
+    source_id = redis_cli(source, "CLUSTER", "MYID", user=user).strip()
+    target_id = redis_cli(target, "CLUSTER", "MYID", user=user).strip()
+    redis_cli(target, "CLUSTER", "SETSLOT", str(slot), "IMPORTING", source_id, user=user)
+    redis_cli(source, "CLUSTER", "SETSLOT", str(slot), "MIGRATING", target_id, user=user)
+    auth = [] if user is None else ["AUTH2", *user]
+    moved = 0
+    while keys := redis_cli(source, "CLUSTER", "GETKEYSINSLOT", str(slot), "100",
+                            user=user).split():  # fmt: skip
+        redis_cli(source, "MIGRATE", LOOPBACK, str(target), "", "0", "5000", *auth, "KEYS", *keys,
+                  user=user)  # fmt: skip
+        moved += len(keys)
+    for port in (target, source, *(p for p in ports if p not in (source, target))):
+        redis_cli(port, "CLUSTER", "SETSLOT", str(slot), "NODE", target_id, user=user)
+    return moved
+
+
+@contextlib.contextmanager
+def fleet_of(
+    count: int, upstream: str, registry: str, redis: Mapping[str, Any], workdir: Path
+) -> Iterator[list[Kuikproxy]]:
+    """``count`` kuikproxy processes ``p0``, ``p1``... of one fleet on ``redis`` (the config's
+    ``fleet.redis``), each pacing ``registry`` (reached at ``upstream``) and nothing else."""
+    with contextlib.ExitStack() as stack:
+        fleet = []
+        for n in range(count):
+            config = {
+                "defaultRegistry": registry,
+                "allowedHosts": [],
+                "fleet": {"redis": dict(redis), "name": f"p{n}"},
+                "registries": {registry: registry_block(upstream)},
+            }
+            fleet.append(stack.enter_context(Kuikproxy(workdir / f"p{n}", config)))
+        yield fleet

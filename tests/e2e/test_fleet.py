@@ -35,9 +35,9 @@ from tests.e2e.peers import (
     Kuikproxy,
     RegistryClient,
     build_image,
+    fleet_of,
     http,
     push_image,
-    registry_block,
 )
 from tests.fleet.conftest import RedisServer
 from tests.upstream_app import Registry
@@ -58,16 +58,7 @@ def proxies(
 ) -> Iterator[list[Kuikproxy]]:
     """``count`` proxies of one fleet before ``registry`` (a launched one, or a URL)."""
     upstream = registry if isinstance(registry, str) else registry.url
-    with contextlib.ExitStack() as stack:
-        fleet = []
-        for n in range(count):
-            config = {
-                "defaultRegistry": REGISTRY,
-                "allowedHosts": [],
-                "fleet": {"redis": {"url": redis.url}, "name": f"p{n}"},
-                "registries": {REGISTRY: registry_block(upstream)},
-            }
-            fleet.append(stack.enter_context(Kuikproxy(workdir / f"p{n}", config)))
+    with fleet_of(count, upstream, REGISTRY, {"url": redis.url}, workdir) as fleet:
         yield fleet
 
 
