@@ -9,8 +9,9 @@ connection), ``--readers`` (200) clients, 30 ms apart so each starts a read of i
 with ``Kuik-Resource: node-<n>`` and a 4 KiB receive buffer, read their answer's headers and
 then nothing. A process of its own GETs ``/healthz`` every 50 ms throughout (the loop's lag as a
 client sees it). Printed: the answers' statuses (``503``: refused for want of the relays'
-room), VmRSS before the readers, VmHWM (the peak), VmRSS 5 s after they closed, the probe's
-worst and p99.
+room), VmRSS before the readers, VmHWM (the peak), VmRSS 5 s after they closed, the most its
+sockets held queued in the kernel as the readers hung on (``ss``: not in RSS, but charged to
+the pod's memory cgroup), the probe's worst and p99.
 
 ``--baseline DIR`` runs the same against a kuikproxy from another source tree (``git worktree
 add DIR <commit>``) first, side by side in the same run.
@@ -47,7 +48,9 @@ from tests.e2e.peers import (
     clean_env,
     http,
     registry_block,
+    socket_queues,
     spawn,
+    vm_kib,
 )
 
 PROBE = """
@@ -82,13 +85,6 @@ class Proxy(Kuikproxy):
         return spawn(command, self.log_file, clean_env(PYTHONUNBUFFERED="1", **extra))
 
 
-def status_mib(pid: int, field: str) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(field)
-
-
 def stalled(proxy: Proxy, path: str, n: int) -> tuple[socket.socket, int]:
     time.sleep(n * 0.03)
     sock = socket.socket()
@@ -121,19 +117,22 @@ def run(args: argparse.Namespace, upstream: str, blob: Blob, ca: Path | None, so
         code, _, body = http(proxy.url + path, headers={"Kuik-Resource": "warm-up"})
         assert code == 200 and body == blob.data, code
         time.sleep(2)
-        before = status_mib(proxy.pid, "VmRSS")
+        before = vm_kib(proxy.pid, "VmRSS") / 1024
         probe = subprocess.Popen(
             [sys.executable, "-c", PROBE, str(proxy.port), str(args.readers * 0.03 + 25)],
             stdout=subprocess.PIPE,
         )
         with ThreadPoolExecutor(args.readers) as pool:
             readers = list(pool.map(lambda n: stalled(proxy, path, n), range(args.readers)))
-        time.sleep(5)
-        peak = status_mib(proxy.pid, "VmHWM")
+        queues = [socket_queues(proxy.pid)]
+        for _ in range(10):  # the relays' queues as they fill behind their stalled clients
+            time.sleep(0.5)
+            queues.append(socket_queues(proxy.pid))
+        peak = vm_kib(proxy.pid, "VmHWM") / 1024
         for sock, _ in readers:
             sock.close()
         time.sleep(5)
-        after = status_mib(proxy.pid, "VmRSS")
+        after = vm_kib(proxy.pid, "VmRSS") / 1024
         out, _ = probe.communicate()
         took = sorted(json.loads(out))
     statuses = Counter(status for _, status in readers)
@@ -142,6 +141,9 @@ def run(args: argparse.Namespace, upstream: str, blob: Blob, ca: Path | None, so
         "rss before MiB": round(before),
         "VmHWM MiB": round(peak),
         "rss after MiB": round(after),
+        "socket queues MiB (received, to send)": [
+            round(max(q[i] for q in queues) / 2**20) for i in (0, 1)
+        ],
         "after/before": round(after / before, 2),
         "probe max ms": round(took[-1] * 1000),
         "probe p99 ms": round(took[int(len(took) * 0.99)] * 1000),

@@ -2,10 +2,12 @@
 
 A blob read from the registry is relayed through buffers of kuikproxy's own: a thread's ring
 (:mod:`kuikproxy.upstream.detached`), the loop's stream and write buffers, a fan-out's window
-(:mod:`kuikproxy.runtime.fanout`). Each costs memory for as long as its client reads, and a
-client reading at a few KB a second reads for hours: two hundred of them took more than a
-512 MiB pod. So each relay takes its room from one :class:`RelayRoom`, sized by the budget
-(``Bound.RELAYS``), before the read goes upstream, and gives it back when its read ends:
+(:mod:`kuikproxy.runtime.fanout`), and the kernel's for its sockets, which the pod's memory
+cgroup is charged for too (:mod:`kuikproxy.socketbuffers`). Each costs memory for as long as
+its client reads, and a client reading at a few KB a second reads for hours: two hundred of
+them took more than a 512 MiB pod. So each relay takes its room from one :class:`RelayRoom`,
+sized by the budget (``Bound.RELAYS``), before the read goes upstream, and gives it back when
+its read ends:
 
 * it takes what a relay in a thread needs (:data:`THREADED`) while half the room is free, else
   what the loop's relay needs (:data:`ON_THE_LOOP`), and is then relayed by the loop;
@@ -27,14 +29,19 @@ from kuikproxy.allocator import trim
 from kuikproxy.config import Config
 from kuikproxy.core.budget import Bound
 from kuikproxy.errors import Unavailable
+from kuikproxy.socketbuffers import RECEIVE, SEND, held
 from kuikproxy.upstream.detached import READ_SIZE, RING
 
-THREADED = RING * READ_SIZE + 512 * 1024  # the ring, and a TLS session's buffers beside it
-ON_THE_LOOP = 640 * 1024  # aiohttp's read buffer, a held chunk, the client's write buffer
+# what the kernel holds for a relay's connections (fixed as its body starts): the client's
+# send queue, and for a read of its own the registry's receive queue
+CLIENT_QUEUE = held(SEND)
+OWN_QUEUES = CLIENT_QUEUE + held(RECEIVE)
+THREADED = RING * READ_SIZE + 512 * 1024 + OWN_QUEUES  # the ring, a TLS session's buffers
+ON_THE_LOOP = 640 * 1024 + OWN_QUEUES  # aiohttp's read buffer, a held chunk, the write buffer
 PER_RESOURCE = 0.25  # of the room, for one resource's relays at once
 WAIT = 10.0  # seconds a relay waits for room before it is refused
 REFUSAL = "relays"
-FOLLOWING = 256 * 1024  # a follower's own: its write buffer and the piece it sends
+FOLLOWING = 256 * 1024 + CLIENT_QUEUE  # a follower's own: its write buffer, the piece it sends
 TRIM_AFTER = 1.0  # seconds without a relay before the heap is trimmed
 
 

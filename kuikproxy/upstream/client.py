@@ -25,6 +25,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from kuikproxy.errors import Denied, UpstreamTimeout, UpstreamUnreachable
+from kuikproxy.socketbuffers import RECEIVE, RECEIVE_PACED, fix_receive
 from kuikproxy.upstream.detached import DetachedBody, detach
 from kuikproxy.upstream.framing import Faulted, FramedConnector
 from kuikproxy.upstream.guard import AddressGuard, AddressRefused, GuardedResolver
@@ -160,6 +161,7 @@ class _AiohttpResponse:
         self._detached = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        self._fix_receive(RECEIVE)
         try:
             # whatever has arrived, as it arrives: re-cutting into fixed chunks costs a write
             # per chunk on the way out (measured: a third of blob throughput)
@@ -182,6 +184,7 @@ class _AiohttpResponse:
         """The rest of the body, taken from the loop to be read in a thread (see
         :mod:`kuikproxy.upstream.detached`), or None. Its connection is then closed when
         released, never reused."""
+        self._fix_receive(RECEIVE)
         detached = detach(
             self._response, self._what, STALL_TIMEOUT, self._deadline, faulted=self._faulted
         )
@@ -200,6 +203,12 @@ class _AiohttpResponse:
 
     def unpool(self) -> None:
         self._slot.give_back()
+        self._fix_receive(RECEIVE_PACED)  # its client drains less than that
+
+    def _fix_receive(self, size: int) -> None:
+        """The body's connection buffers ``size`` bytes (:mod:`kuikproxy.socketbuffers`)."""
+        connection = self._response.connection
+        fix_receive(None if connection is None else connection.transport, size)
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None

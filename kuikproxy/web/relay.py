@@ -24,6 +24,7 @@ from kuikproxy.errors import UpstreamError
 from kuikproxy.runtime.content import MAX_MANIFEST, mismatch
 from kuikproxy.runtime.messages import Answer, Body, Opened, Shared
 from kuikproxy.runtime.pace import Pace
+from kuikproxy.socketbuffers import fix_send
 from kuikproxy.web.classify import Target
 from kuikproxy.web.threadrelay import client_socket, relay_in_thread
 
@@ -93,6 +94,7 @@ async def stream(request: web.Request, answer: Opened, ns: str | None) -> web.St
         response.content_length = int(length)
     await response.prepare(request)
     if request.method != "HEAD":
+        fix_send(request.transport)
         try:
             if check is None:
                 pace = Pace.of(answer)
@@ -211,6 +213,7 @@ async def send_body(request: web.Request, body: Body, ns: str | None) -> web.Str
     await response.prepare(request)
     if request.method == "HEAD":
         return response
+    fix_send(request.transport)  # a slow client's send queue: sendfile fills it as fast
     loop = asyncio.get_running_loop()
     offset = start
     try:
@@ -250,6 +253,7 @@ async def send_shared(request: web.Request, shared: Shared, ns: str | None) -> w
     if request.method == "HEAD":  # a HEAD that followed a GET: its headers are its answer
         await response.write_eof()
         return response
+    fix_send(request.transport)
     try:
         async for piece in shared.pieces():
             await response.write(piece)

@@ -140,5 +140,5 @@ def test_check_config_shows_the_limits(tmp_path: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "\nmemory: 256.0Mi (limits.memory): 64.0Mi for the process, 51.2Mi headroom" in out
     assert "\n  limits.maxHosts: 50 (0.8Mi, 16384 B each) as written\n" in out
-    assert "\n  limits.maxImages: 160051 (39.1Mi, 256 B each)\n" in out  # sized, not written
+    assert "\n  limits.maxImages: 133376 (32.6Mi, 256 B each)\n" in out  # sized, not written
     assert ("\nlimits: maxRingImages 2000 (of maxImages)\n") in out

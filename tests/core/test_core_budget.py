@@ -26,7 +26,7 @@ def test_the_chart_limit_split() -> None:
     assert sum(s.bytes for s in budget.shares) <= budget.fillable
     refusals = next(s for s in budget.shares if s.bound is Bound.REFUSALS)
     assert refusals.bytes == min(s.bytes for s in budget.shares)
-    assert budget.value(Bound.IMAGES) == int(budget.fillable * 0.24) // 256
+    assert budget.value(Bound.IMAGES) == int(budget.fillable * 0.20) // 256
 
 
 @given(st.integers(BASE * 2, 64 * 1024 * MIB), written_bounds)
