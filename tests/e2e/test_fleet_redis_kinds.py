@@ -25,7 +25,6 @@ from typing import Any
 
 import pytest
 
-from tests.certs import Authority, cert_pem
 from tests.e2e.conftest import REGISTRY, require
 from tests.e2e.peers import (
     DistributionRegistry,
@@ -255,10 +254,7 @@ def test_tls_to_a_server_signed_by_the_fleets_ca(
     redis_server_factory: Callable[..., RedisServer],
     tmp_path: Path,
 ) -> None:
-    authority = Authority()
-    files = TlsFiles(tmp_path / "redis.crt", tmp_path / "redis.key", tmp_path / "ca.crt")
-    authority.issue(files.cert, files.key, "redis")
-    files.ca.write_bytes(cert_pem(authority.cert))
+    files = TlsFiles.issued(tmp_path)
     server = redis_server_factory(tls=files)
     settings = {"url": server.url, "tlsCaFile": str(files.ca)}
     assert server.url.startswith("rediss://")

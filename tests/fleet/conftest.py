@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from kuikproxy.fleet.redis import RedisFleet
+from tests.certs import Authority, cert_pem
 
 REDIS_SERVER = shutil.which("redis-server")
 
@@ -33,6 +34,16 @@ class TlsFiles:
     cert: Path
     key: Path
     ca: Path
+
+    @classmethod
+    def issued(cls, directory: Path) -> TlsFiles:
+        """A server certificate for ``redis`` and its key, issued by a test CA whose
+        certificate is ``ca``: all three written in ``directory``."""
+        authority = Authority()
+        files = cls(directory / "redis.crt", directory / "redis.key", directory / "ca.crt")
+        authority.issue(files.cert, files.key, "redis")
+        files.ca.write_bytes(cert_pem(authority.cert))
+        return files
 
 
 class RedisServer:

@@ -21,7 +21,6 @@ from kuikproxy.core.quota import SharedBucket
 from kuikproxy.fleet import redis as redis_fleet
 from kuikproxy.fleet.backend import FleetUnavailable
 from kuikproxy.fleet.redis import RedisFleet
-from tests.certs import Authority, cert_pem
 from tests.fleet.conftest import FleetFactory, RedisServer, TlsFiles
 
 HOST = "registry.test:5000"
@@ -371,10 +370,7 @@ async def test_a_tls_ca_file_needs_a_rediss_url(fleet: FleetFactory) -> None:
 async def test_tls_with_a_ca_file(
     tmp_path: Path, redis_server_factory: Callable[..., RedisServer], fleet: FleetFactory
 ) -> None:
-    authority = Authority()
-    files = TlsFiles(tmp_path / "redis.crt", tmp_path / "redis.key", tmp_path / "ca.crt")
-    authority.issue(files.cert, files.key, "redis")
-    files.ca.write_bytes(cert_pem(authority.cert))
+    files = TlsFiles.issued(tmp_path)
     server = redis_server_factory(tls=files)
     assert server.url.startswith("rediss://")
     trusted = await fleet("a", url=server.url, tls_ca_file=str(files.ca))
