@@ -94,6 +94,7 @@ from tests.e2e.peers import (  # noqa: E402
     clean_env,
     free_port,
     http,
+    socket_queues,
 )
 
 MiB = 1024 * 1024
@@ -320,6 +321,29 @@ async def spread(
     return sum(parts, Counter())
 
 
+def held_requests(start: int, count: int) -> list[bytes]:
+    """HEADs of ``count`` tags of the held host from ``start`` on: each held an hour."""
+    return [
+        request(f"/v2/{REPO}/manifests/held-{i:06d}?ns={HELD_HOST}", f"held-{i % HELD_RESOURCES}")
+        for i in range(start, start + count)
+    ]
+
+
+async def keep_held(
+    port: int, sent: int, done: Flooded, opened: list[asyncio.StreamWriter]
+) -> None:
+    """Keep ``maxHeld`` full until cancelled: a request held an hour takes the place of each
+    other held request that has gone since (a window answered it), as many as were refused
+    the last time (refused again past the bound)."""
+    refused = done.held_refused
+    while True:
+        await asyncio.sleep(0.25)
+        more = held_requests(sent, max(refused, 1))
+        sent += len(more)
+        refused = await park(port, more, opened)
+        done.held_refused += refused
+
+
 async def park(port: int, requests: Sequence[bytes], opened: list[asyncio.StreamWriter]) -> int:
     """Send each request on a connection of its own and leave it waiting; the writers go in
     ``opened`` (closed by the caller). Returns how many were refused at once (503)."""
@@ -387,6 +411,7 @@ def sample(pid: int, port: int, stop_file: Path) -> dict[str, Any]:
     peaks: dict[str, int] = {}
     limits: dict[str, int] = {}
     last_status = 0.0
+    queued = 0  # the most kuikproxy's sockets held queued in the kernel (the pod pays it too)
     started = time.monotonic()
 
     def exchange(sock: socket.socket, line: bytes, head: bool) -> tuple[float, int]:
@@ -419,6 +444,7 @@ def sample(pid: int, port: int, stop_file: Path) -> dict[str, Any]:
         lags.append(seconds * 1000)
         if tick - last_status >= STATUS_EVERY:
             last_status = tick
+            queued = max(queued, sum(socket_queues(pid)))
             with contextlib.suppress(OSError, RuntimeError):
                 narrow = f"?registry={PROBE_HOST}&limit=1"  # the budget, and little else
                 for name, bound in bounds_of(status(f"http://{LOOPBACK}:{port}", narrow)).items():
@@ -429,6 +455,7 @@ def sample(pid: int, port: int, stop_file: Path) -> dict[str, Any]:
     return {
         "rss_kib": rss,
         "hwm_kib": hwm,
+        "queued_bytes": queued,
         "head_ms": heads,
         "probe_statuses": dict(probe_statuses),
         "healthz_ms": lags,
@@ -559,10 +586,7 @@ async def flood(port: int, plan: Plan, digest: str, hold_for: float) -> Flooded:
         ],
     }
     opened: list[asyncio.StreamWriter] = []
-    held = [
-        request(f"/v2/{REPO}/manifests/held-{i:06d}?ns={HELD_HOST}", f"held-{i % HELD_RESOURCES}")
-        for i in range(plan.past(Bound.HELD))
-    ]
+    held = held_requests(0, plan.past(Bound.HELD))
     pipes = [
         b"".join(
             request(f"/v2/{REPO}/manifests/pipe-{p}-{i:05d}?ns={HELD_HOST}", f"pipe-{p}")
@@ -585,11 +609,13 @@ async def flood(port: int, plan: Plan, digest: str, hold_for: float) -> Flooded:
     made += [request(ring_path.format(ring_tags[0]), f"pipe-{p}") for p in range(plan.pipelines)]
     made += [request(ring_path.format(ring_tags[0]), f"held-{h}") for h in range(HELD_RESOURCES)]
     await spread(port, made)
-    windowed = ("kept answers", "kept refusals", "hosts")
+    windowed = ("kept answers", "hosts", "kept refusals")
     try:
         # What needs a window first: once maxHeld is full, every request that would wait is
-        # refused, so kept answers and refusals could not be made past it.
-        await asyncio.gather(*(timed(name, spread(port, sent[name])) for name in windowed))
+        # refused, so kept answers and refusals could not be made past it. The refusals last:
+        # kept answers made after them would push them out of the entries, oldest first.
+        await asyncio.gather(*(timed(name, spread(port, sent[name])) for name in windowed[:2]))
+        await timed(windowed[2], spread(port, sent[windowed[2]]))
 
         async def hold() -> None:
             # the pipelines first, while maxHeld has room: the first of each parks, the rest
@@ -604,7 +630,11 @@ async def flood(port: int, plan: Plan, digest: str, hold_for: float) -> Flooded:
             hold(),
             *(timed(name, spread(port, r)) for name, r in sent.items() if name not in windowed),
         )
+        keeping = asyncio.create_task(keep_held(port, len(held), done, opened))
         await asyncio.sleep(hold_for)  # every bound full at once, the sampler going on
+        keeping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeping
         slow.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await slow
@@ -727,7 +757,8 @@ def table(plan: Plan, done: Flooded, sampled: dict[str, Any], final: dict[str, A
         f"budget {memory:.0f} MiB ({budget['source']}); kuikproxy VmRSS max "
         f"{max(rss) / 1024:.1f} MiB, VmHWM {sampled['hwm_kib'] / 1024:.1f} MiB "
         f"({'under' if sampled['hwm_kib'] * 1024 < budget['memory'] else 'OVER'} the budget); "
-        f"{len(rss)} samples",
+        f"{len(rss)} samples; its sockets' kernel queues at most "
+        f"{sampled['queued_bytes'] / MiB:.1f} MiB (sampled each second)",
         f"kept-answer HEAD (probe, every {SAMPLE_EVERY * 1000:.0f} ms): max {max(heads):.1f} ms, "
         f"p99 {percentile(heads, 0.99):.1f} ms, median {statistics.median(heads):.2f} ms; "
         f"answered {sampled['probe_statuses']} (target: every one under {TARGET_HEAD_MS:.0f} ms: "

@@ -70,7 +70,8 @@ def test_a_flood_of_every_bound_at_once_stays_in_the_budget_and_is_counted(
     print(report)  # shown with -rP: what the flood saw
 
     memory = final["budget"]["memory"]
-    assert proc_status(proxy.pid)["VmHWM"] * 1024 < memory, report
+    # the kernel's queues of its sockets are the pod's memory too (its cgroup is charged)
+    assert proc_status(proxy.pid)["VmHWM"] * 1024 + figures["queued_bytes"] < memory, report
     assert max(figures["head_ms"]) < TARGET_HEAD_MS, report
     assert set(figures["probe_statuses"]) == {"200"}, report
     refusals = refusals_of(final)
