@@ -272,8 +272,19 @@ class FleetSettings:
     name: Annotated[str, Field(min_length=1, max_length=253)] | None = None
     """This proxy's name in the fleet, unique per proxy and stable across its restarts;
     default the machine's host name (a pod's name)."""
+    when_cut_off: Literal["wait", "ownTurns"] = "wait"
+    """What this proxy does while it cannot reach the Redis the others may still reach:
+    ``wait``, use no shared window until it can (exact: the registry never sees two reads in
+    a window; this proxy's clients wait), or ``ownTurns``, go on alone on its last turns
+    (its clients are served; once the others take those turns over, after two intervals, a
+    window may be read twice until the partition heals)."""
 
     def describe(self) -> str:
         """The fleet, for ``check-config``."""
         name = self.name or "the host name"
-        return f"fleet: name {name}, redis {self.redis.describe()}"
+        cut_off = (
+            "waits for it"
+            if self.when_cut_off == "wait"
+            else "goes on alone on its own turns (a window may be read twice meanwhile)"
+        )
+        return f"fleet: name {name}, redis {self.redis.describe()}; cut off, it {cut_off}"

@@ -3,15 +3,18 @@ own turns while the store cannot be reached or the fleet is forming again.
 
 The store gives each window to at most one proxy, in turns among the proxies that have
 something due: window *k* to the *k mod n*-th of them by name (``Claim``). A proxy that cannot
-reach the store paces **alone** on the turn it last learnt while the fleet was settled: the
-windows *k* with *k mod of = place* (:class:`Turns`). Those turns are disjoint across the
-fleet's proxies, so proxies alone never read in one window — but the store's turns are not
+reach the store waits for it, using no window (``fleet.whenCutOff: wait``, the default: exact,
+whoever else still reaches the store), or paces **alone** on the turn it last learnt while the
+fleet was settled (``ownTurns``): the windows *k* with *k mod of = place* (:class:`Turns`).
+Those turns are disjoint across the fleet's proxies, so proxies alone never read in one window
+— until the others take over the turns of one cut off for two intervals, which only a
+partition of some proxies (not an outage of the store) makes. And the store's turns are not
 theirs while the fleet forms again (the store restarted without its data, or a proxy has just
 come back and others may still be alone), and a proxy following the store then could read in a
 window a proxy still alone takes as its own. So for a while after either (two intervals and
 ``STORE_TIMEOUT``: every proxy with work tries the store at its next window, and a call gives up
-after that timeout), a proxy uses a window only when both say so: the store gave it, and
-it is its own turn. Windows may be lost then; none is read twice.
+after that timeout), a proxy uses a window only when both say so: the store gave it, and it is
+its own turn. Windows may be lost then; none is read twice.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ import math
 from dataclasses import dataclass
 
 STORE_TIMEOUT = 1.0  # seconds a call to the fleet's store may take before it gives up
+LATE = 0.1
+"""Of an interval: a window whose claim is answered later than that after its time is not used
+(counted ``away``): read that late, it would come closer than an interval before the next
+window's read, which another proxy may make on time."""
 
 
 def careful_for(interval: float) -> float:
@@ -50,10 +57,14 @@ class Turns:
         of = max(1, self.of)
         return window % of == self.place % of
 
-    def alone(self, window: int) -> bool:
-        """The store cannot be reached: whether ``window`` is this proxy's own turn."""
+    def alone(self, window: int, *, wait: bool) -> bool:
+        """The store cannot be reached: whether to use ``window`` all the same. Waiting
+        (``fleet.whenCutOff: wait``), never: only the store gives windows, so a proxy cut off
+        while the others still reach it, whose turns they take over, reads in none of theirs.
+        Else (``ownTurns``) when it is this proxy's own turn: right while every proxy is cut
+        off, a window read twice by one cut off alone once the others have taken its turns."""
         self.away = True
-        return self.own(window)
+        return not wait and self.own(window)
 
     def claimed(self, claim: Claim, window: int, interval: float, now: float) -> bool:
         """Whether to use ``window``, which the store answered ``claim`` for at ``now``."""

@@ -24,6 +24,7 @@ class Outcome(StrEnum):
     BUSY = "busy"  # the previous image of the series was still being read (or the loop was late)
     BLOCKED = "blocked"  # the registry asked us to stop (§11)
     FLEET = "fleet"  # another proxy of the fleet used it
+    AWAY = "away"  # the fleet's store could not be reached, and this proxy waited for it
 
 
 @dataclass(slots=True)
@@ -42,14 +43,14 @@ class Series:
         Windows skipped because ``now`` is past them are counted ``busy``; the caller counts
         the outcome of the returned window with :meth:`count`. Raises if no window is due.
         """
-        k = self._last_due(now)
+        k = self.last_due(now)
         if k <= self.fired:
             raise ValueError(f"no window due at {now}: next is {self.next_window()}")
         self.outcomes[Outcome.BUSY] += k - self.fired - 1
         self.fired = k
         return self.origin + k * self.interval
 
-    def _last_due(self, now: float) -> int:
+    def last_due(self, now: float) -> int:
         """The index of the latest window at or before ``now``. A timer may fire a clock tick
         before the float time it was set for, and must still find its window due: hence the
         microsecond of tolerance."""
@@ -59,7 +60,7 @@ class Series:
         """The windows up to ``now`` found nothing to do (a host nobody had asked for yet, a
         series asleep): idle — or blocked, those before ``blocked_until`` (P3 counts a block
         first: those windows were lost to it whether or not anything was due)."""
-        k = self._last_due(now)
+        k = self.last_due(now)
         if k <= self.fired:
             return
         blocked = 0
@@ -79,7 +80,7 @@ class Series:
         first after ``now``. The windows skipped to get there are not counted: they were the
         fleet's, never this proxy's."""
         self.origin = origin
-        self.fired = max(0, self._last_due(now))
+        self.fired = max(0, self.last_due(now))
 
     def index(self, at: float) -> int:
         """The index ``k`` of the window at ``at`` (a time :meth:`next_window` gave)."""

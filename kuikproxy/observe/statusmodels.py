@@ -17,6 +17,7 @@ class WindowCounts(_Model):
     busy: int
     blocked: int
     fleet: int = Field(0, description="used by another proxy of the fleet")
+    away: int = Field(0, description="the fleet's store could not be reached: waited for it")
 
 
 class CheckSeries(_Model):

@@ -2,18 +2,21 @@
 
 With ``fleet`` configured, every host whose ``fleet`` is ``shared`` paces on the fleet's grid:
 its series' origins are the fleet's (the first proxy to start sets them), and before a window
-with something due is used the proxy claims it (:meth:`FleetLink.may_use`) — at most one proxy
+with something due is used the proxy claims it (:meth:`FleetLink.claim`) — at most one proxy
 gets each window, in turns among those with something due. A window another proxy got counts
 ``fleet``. A block a registry puts on one proxy is the fleet's, and every proxy honours it.
 
-When the fleet's store cannot be reached the proxy paces alone, never faster than its share:
-on each series, the windows that were its turns when it last could reach the store, so the
-fleet's proxies, each alone, still use each window at most once (and while the fleet forms
-again, a window only if it is both the store's answer and its own turn:
-:mod:`kuikproxy.core.fleetturns`) — and says so (``/status.fleet``,
-``kuik_proxy_fleet_connected``); each window tries the store again, so it rejoins as soon as
-the store answers. No request is lost or doubled by the switch: requests wait in the scheduler
-either way, and only who may use a window changes.
+When the fleet's store cannot be reached, the proxy waits for it (``fleet.whenCutOff: wait``,
+the default): its windows count ``away``, its requests wait in the scheduler, so a proxy cut off
+while the others still reach the store never reads in a window they took over. With
+``ownTurns`` it paces alone, never faster than its share: on each series, the windows that were
+its turns when it last could reach the store, so the fleet's proxies, each alone, still use each
+window at most once (and while the fleet forms again, a window only if it is both the store's
+answer and its own turn: :mod:`kuikproxy.core.fleetturns`) — but one alone while the others
+are not shares its turns with them once they stop leaving them to it, two intervals on. Either
+way it says so (``/status.fleet``, ``kuik_proxy_fleet_connected``), and each window tries the
+store again, so it rejoins as soon as the store answers. No request is lost or doubled by the
+switch: requests wait in the scheduler either way, and only who may use a window changes.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from kuikproxy.config import Config
 from kuikproxy.core.fleetturns import Turns
 from kuikproxy.core.images import MANIFESTS
 from kuikproxy.core.quota import SharedBucket, take_shared
 from kuikproxy.core.tickets import Operation
-from kuikproxy.core.windows import Series
+from kuikproxy.core.windows import Outcome, Series
 from kuikproxy.fleet.backend import FleetBackend, FleetUnavailable, StoreView
 from kuikproxy.runtime.kept import lookups
 from kuikproxy.runtime.messages import Answer, RegistryRequest
@@ -57,10 +61,16 @@ class FleetLink:
     """The fleet as this proxy's runtime sees it: its backend, and whether it can be reached."""
 
     def __init__(
-        self, backend: FleetBackend, loop: asyncio.AbstractEventLoop, wall_offset: float
+        self,
+        backend: FleetBackend,
+        loop: asyncio.AbstractEventLoop,
+        wall_offset: float,
+        *,
+        wait: bool = True,
     ) -> None:
         self.backend = backend
         self.loop = loop
+        self.wait = wait  # cut off from the store, use no window (fleet.whenCutOff: wait)
         self.offset = wall_offset  # loop time + offset = wall time, the fleet's clock
         self.connected = True
         self.size = 1
@@ -101,7 +111,7 @@ class FleetLink:
         series.align(origin - self.offset, self.loop.time())
         self._aligned.add((host, operation.value, series.interval))
 
-    async def may_use(
+    async def claim(
         self,
         host: str,
         operation: Operation,
@@ -110,23 +120,25 @@ class FleetLink:
         *,
         turns: Turns,
         block: Callable[[float], None],
-    ) -> bool:
+    ) -> Outcome | None:
         """Whether this proxy may use window ``window`` of ``host``'s series, which it has
-        something due for (``turns``: its own on that series). A block the fleet knows of is
-        put on the host first (``block``, in loop time; the window is then this proxy's to
-        count ``blocked``)."""
+        something due for (``turns``: its own on that series): None if it may, else what
+        became of the window for it — ``fleet`` (another proxy's), ``away`` (the store could
+        not be reached, and this proxy waits for it). A block the fleet knows of is put on the
+        host first (``block``, in loop time; the window is then this proxy's to count
+        ``blocked``)."""
         try:
             until = await self.backend.blocked_until(host)
             if until is not None and until > self.loop.time() + self.offset:
                 block(until - self.offset)
-                return True
+                return None
             claim = await self.backend.claim(host, operation.value, window, interval)
             await self._refresh_size()
         except FleetUnavailable as error:
             self._down(error)
-            return turns.alone(window)
+            return None if turns.alone(window, wait=self.wait) else Outcome.AWAY
         self._up()
-        return turns.claimed(claim, window, interval, self.loop.time())
+        return None if turns.claimed(claim, window, interval, self.loop.time()) else Outcome.FLEET
 
     async def block(self, host: str, until: float) -> None:
         """A registry blocked ``host`` (loop time) for this proxy: the fleet's now."""
@@ -291,6 +303,11 @@ class FleetLink:
             self.error,
             self.backend.store(),
         )
+
+
+def waits_cut_off(config: Config) -> bool:
+    """Whether a proxy cut off from the fleet's store uses no window (``fleet.whenCutOff``)."""
+    return config.fleet is None or config.fleet.when_cut_off == "wait"
 
 
 def _kept_key(image_key: str, method: str, owner: str | None) -> str:

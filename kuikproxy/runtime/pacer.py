@@ -29,7 +29,7 @@ from kuikproxy.fleet.backend import FleetBackend
 from kuikproxy.runtime.clientread import ClientRead
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.egress import Egress
-from kuikproxy.runtime.fleet import FleetLink
+from kuikproxy.runtime.fleet import FleetLink, waits_cut_off
 from kuikproxy.runtime.flights import Flights
 from kuikproxy.runtime.flowgate import FlowGate
 from kuikproxy.runtime.hosts import Hosts, limits_of
@@ -85,7 +85,9 @@ class Pacer(Hosts):
             census=Census(limits_of(config)),
             sweeps=Sweeps(loop, self._sweep),
             durable=durable,
-            fleet=None if fleet is None else FleetLink(fleet, loop, self.wall_offset),
+            fleet=None
+            if fleet is None
+            else FleetLink(fleet, loop, self.wall_offset, wait=waits_cut_off(config)),
             flights=self.flights,
             relays=RelayRoom(loop, relays_share(config)),
         )
@@ -172,6 +174,8 @@ class Pacer(Hosts):
         old, self.services.config = self.config, config
         self.kept.resize(*kept_bounds(config))
         self.services.relays.resize(relays_share(config))
+        if self.services.fleet is not None:
+            self.services.fleet.wait = waits_cut_off(config)
         if self.cache is not None:
             self.cache.store.resize(config.cache.blobs.max_bytes)
         if config.flow_control != old.flow_control:

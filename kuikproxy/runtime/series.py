@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import Protocol
 
-from kuikproxy.core.fleetturns import Turns
+from kuikproxy.core.fleetturns import LATE, Turns
 from kuikproxy.core.scheduler import HostScheduler
 from kuikproxy.core.tickets import Operation, WindowResult
 from kuikproxy.core.windows import Outcome, Series
@@ -121,11 +121,13 @@ class SeriesTimers:
             self.open(operation, loop.time())
             return
         # a window with something due, on a fleet's grid: claimed first; the next one is armed
-        # now, so a slow answer from the fleet never shifts the grid
+        # now, so a slow answer from the fleet never shifts the grid. The window is the latest
+        # due: the last one's claim may not have been answered yet (its window has not fired)
         series = self.series(operation)
-        at = series.next_window()
-        self._set(operation, loop.call_at(at + series.interval, self.window, operation))
-        self.services.spawn(self.fleet_window(operation, series.index(at)))
+        index = max(series.fired + 1, series.last_due(loop.time()))
+        at = series.origin + (index + 1) * series.interval
+        self._set(operation, loop.call_at(at, self.window, operation))
+        self.services.spawn(self.fleet_window(operation, index))
 
     async def fleet_window(self, operation: Operation, index: int) -> None:
         fleet, series = self.fleet, self.series(operation)
@@ -139,16 +141,21 @@ class SeriesTimers:
         if self._turns is None:
             self._turns = {Operation.CHECK: fleet.turns(), Operation.COPY: fleet.turns()}
         turns = self._turns[operation]
-        mine = await fleet.may_use(
+        lost = await fleet.claim(
             self.name, operation, index, series.interval, turns=turns, block=self.owner.block
         )
-        if series.fired >= index or self.closed:
-            return  # a later window fired meanwhile, or the host is gone (a reload)
         now = self.services.loop.time()
-        if mine:
+        if series.fired >= index or self.closed or series.last_due(now) > index:
+            # a later window fired meanwhile, or the host is gone (a reload), or the answer
+            # came after the next window's time: it is that window's claim that may use it
+            # (this one is counted busy then), never this one's answer
+            return
+        if lost is None and now > series.origin + (index + LATE) * series.interval:
+            lost = Outcome.AWAY  # answered too late to be read in its window's time
+        if lost is None:
             self.open(operation, now)
         else:
-            self.observe(operation, self.scheduler.lose_window(operation, now, Outcome.FLEET), now)
+            self.observe(operation, self.scheduler.lose_window(operation, now, lost), now)
 
     async def align(self) -> None:
         """Both series on the fleet's grid (at start, and after a reload changed an interval)."""

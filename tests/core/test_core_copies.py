@@ -107,6 +107,7 @@ def test_p9_open_copy_keeps_the_series_busy_until_idle_after_its_last_request() 
         "busy": 3,
         "blocked": 0,
         "fleet": 0,
+        "away": 0,
     }
 
 

@@ -144,7 +144,14 @@ def test_p6_two_resources_asking_for_the_same_images_lap_in_n_windows() -> None:
         assert t.ring_view(resource).cycle_duration == n * MIN
     for lap in range(3):
         assert sorted(t.read_keys()[lap * n : (lap + 1) * n]) == keys
-    assert t.counts() == {"used": 3 * n + 2, "idle": 0, "busy": 0, "blocked": 0, "fleet": 0}
+    assert t.counts() == {
+        "used": 3 * n + 2,
+        "idle": 0,
+        "busy": 0,
+        "blocked": 0,
+        "fleet": 0,
+        "away": 0,
+    }
     assert all(len(read.tickets) == 2 for read in t.reads)  # R2: one read serves both
 
 

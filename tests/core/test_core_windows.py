@@ -72,7 +72,7 @@ def test_p3_window_with_nothing_due_is_idle() -> None:
     assert [r.outcome for r in t.run(3)] == [Outcome.IDLE] * 3
     t.ask_all("A", ["app/a:1", "app/b:1"], 3.5 * MIN)
     assert [r.outcome for r in t.run(3)] == [Outcome.USED, Outcome.USED, Outcome.IDLE]
-    assert t.counts() == {"used": 2, "idle": 4, "busy": 0, "blocked": 0, "fleet": 0}
+    assert t.counts() == {"used": 2, "idle": 4, "busy": 0, "blocked": 0, "fleet": 0, "away": 0}
 
 
 def test_p3_window_lost_when_previous_check_in_flight_counts_busy() -> None:
@@ -88,7 +88,7 @@ def test_p3_window_lost_when_previous_check_in_flight_counts_busy() -> None:
     t.finish(first, 3.1 * MIN)
     assert not t.sched.view(3.2 * MIN).check.busy
     assert t.window().outcome is Outcome.USED
-    assert t.counts() == {"used": 2, "idle": 0, "busy": 2, "blocked": 0, "fleet": 0}
+    assert t.counts() == {"used": 2, "idle": 0, "busy": 2, "blocked": 0, "fleet": 0, "away": 0}
 
 
 def test_p3_window_lost_when_host_blocked_counts_blocked() -> None:
@@ -104,7 +104,7 @@ def test_p3_window_lost_when_host_blocked_counts_blocked() -> None:
     assert t.sched.copy_window(MIN).outcome is Outcome.BLOCKED
     assert t.window().outcome is Outcome.USED
     assert t.sched.view(3 * MIN).blocked_until is None
-    assert t.counts() == {"used": 1, "idle": 0, "busy": 0, "blocked": 2, "fleet": 0}
+    assert t.counts() == {"used": 1, "idle": 0, "busy": 0, "blocked": 2, "fleet": 0, "away": 0}
     assert t.sched.view(3 * MIN).copy.windows["blocked"] == 1
 
 
@@ -124,7 +124,7 @@ def test_p3_late_wake_up_counts_skipped_windows_busy_and_never_fires_two() -> No
     assert late.outcome is Outcome.USED and late.at == 3 * MIN
     with pytest.raises(ValueError):
         t.sched.check_window(3.5 * MIN)
-    assert t.counts() == {"used": 1, "idle": 0, "busy": 2, "blocked": 0, "fleet": 0}
+    assert t.counts() == {"used": 1, "idle": 0, "busy": 2, "blocked": 0, "fleet": 0, "away": 0}
 
 
 def test_p1_host_first_seen_later_keeps_the_proxys_window_times() -> None:
@@ -140,6 +140,7 @@ def test_p1_host_first_seen_later_keeps_the_proxys_window_times() -> None:
         "busy": 0,
         "blocked": 0,
         "fleet": 0,
+        "away": 0,
     }
 
 

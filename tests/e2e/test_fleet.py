@@ -7,7 +7,7 @@ something due.
 
 * three proxies, 20 images each: every request is answered, and the registry never sees two
   reads within one interval — not even while Redis is killed for a few seconds in the middle
-  (the proxies pace alone on their own turns, say so in ``/status``, and rejoin after);
+  (the proxies wait for it, say so in ``/status``, and rejoin after);
 * two proxies with work always due: over 50 windows neither gets fewer than 40 % of them.
 """
 

@@ -22,6 +22,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from kuikproxy.app import build_app
 from kuikproxy.config import parse_config
+from kuikproxy.core.fleetturns import Claim
 from kuikproxy.fleet.memory import FleetState, MemoryFleet
 from kuikproxy.web.keys import PACER
 from tests.conftest import HOST, head
@@ -44,7 +45,7 @@ def fleet(
 ) -> Start:
     """``fleet(n)``: n proxies of one fleet; ``fleet(n, state)`` on a given shared state,
     ``fleet(n, state, host)`` with more YAML for the host's block, ``kind`` the store's
-    handles (a :class:`MemoryFleet` that misbehaves).
+    handles (a :class:`MemoryFleet` that misbehaves), ``cut_off`` ``fleet.whenCutOff``.
 
     The wall clock is made to run with the loop's virtual one, as it does with a real loop:
     each proxy converts the fleet's wall times with its own offset, and real milliseconds
@@ -52,7 +53,11 @@ def fleet(
     _, server = registry
 
     async def start(
-        count: int, state: FleetState | None = None, host: str = "", kind: type = MemoryFleet
+        count: int,
+        state: FleetState | None = None,
+        host: str = "",
+        kind: type = MemoryFleet,
+        cut_off: str = "wait",
     ) -> list[Client]:
         loop = asyncio.get_running_loop()
         monkeypatch.setattr(time, "time", lambda: 1.8e9 + loop.time())
@@ -60,7 +65,8 @@ def fleet(
         clients = []
         for n in range(count):
             config = parse_config(
-                f"fleet: {{redis: {{url: 'redis://127.0.0.1:1'}}, name: p{n}}}\n"
+                f"fleet: {{redis: {{url: 'redis://127.0.0.1:1'}}, name: p{n}, "
+                f"whenCutOff: {cut_off}}}\n"
                 f"registries:\n  {HOST}:\n    upstream: http://127.0.0.1:{server.port}\n"
                 f"    check: {{interval: {INTERVAL * 1000:g}ms}}\n{host}"
             )
@@ -152,12 +158,12 @@ async def test_a_block_seen_by_one_proxy_blocks_the_host_for_all(
 async def test_without_the_fleets_store_each_proxy_paces_alone_on_its_share(
     fleet: Start, registry: tuple[Registry, TestServer]
 ) -> None:
-    """The store goes down: each of two proxies uses one window in two (the fleet's size it
-    knew), so the registry never sees more than one read per interval; /status says so; when
-    the store is back they rejoin, and no request was lost."""
+    """``whenCutOff: ownTurns``: the store goes down: each of two proxies uses one window in
+    two (the fleet's size it knew), so the registry never sees more than one read per
+    interval; /status says so; when the store is back they rejoin, and no request was lost."""
     fake, _ = registry
     state = FleetState(clock=asyncio.get_running_loop().time)
-    first, second = await fleet(2, state)
+    first, second = await fleet(2, state, cut_off="ownTurns")
     requests = [
         asyncio.ensure_future(head(client, f"{n}-{i:02}", f"r{n}"))
         for n, client in enumerate((first, second))
@@ -180,6 +186,70 @@ async def test_without_the_fleets_store_each_proxy_paces_alone_on_its_share(
     assert min(gaps([s.at for s in fake.reads()])) >= INTERVAL - JITTER
     assert (await (await first.get("/status")).json())["fleet"]["connected"] is True
     assert first.server.app[PACER].held() == 0
+
+
+async def test_without_the_fleets_store_the_proxies_wait_for_it(
+    fleet: Start, registry: tuple[Registry, TestServer]
+) -> None:
+    """``whenCutOff: wait`` (the default): the store goes down and neither proxy reads while it
+    is away — each window with something due counts ``away`` — and when it is back every
+    request is answered, one read per interval."""
+    fake, _ = registry
+    state = FleetState(clock=asyncio.get_running_loop().time)
+    first, second = await fleet(2, state)
+    requests = [
+        asyncio.ensure_future(head(client, f"{n}-{i:02}", f"r{n}"))
+        for n, client in enumerate((first, second))
+        for i in range(20)
+    ]
+    await asyncio.sleep(4 * INTERVAL + INTERVAL / 2)
+    state.up = False
+    await asyncio.sleep(INTERVAL / 2)  # a claim sent just before may land meanwhile
+    before = len(fake.reads())
+    await asyncio.sleep(10 * INTERVAL)
+    assert len(fake.reads()) == before
+    status = await (await first.get("/status")).json()
+    assert status["fleet"]["connected"] is False
+    assert status["registries"][HOST]["check"]["windows"]["away"] >= 9
+    metrics = await (await first.get("/metrics")).text()
+    assert 'operation="Check",outcome="away",registry="' + HOST + '"} ' in metrics
+    state.up = True
+    responses = await asyncio.gather(*requests)
+    assert {r.status for r in responses} == {200}
+    assert len(fake.reads()) == 40
+    assert min(gaps([s.at for s in fake.reads()])) >= INTERVAL - JITTER
+
+
+@pytest.mark.parametrize("cut_off", ["wait", "ownTurns"])
+async def test_one_proxy_cut_off_while_the_others_reach_the_store(
+    fleet: Start, registry: tuple[Registry, TestServer], cut_off: str
+) -> None:
+    """Three proxies with work due at every window; one of them loses the store for 20
+    intervals while the other two still reach it. Waiting (the default), it reads nothing
+    meanwhile, and the registry never sees two reads in one interval. On its own turns
+    (``ownTurns``) its clients are served meanwhile, and once the others have taken its turns
+    over (two intervals on) a window is read twice: the price of that choice, measured."""
+    fake, _ = registry
+    state = FleetState(clock=asyncio.get_running_loop().time)
+    proxies = await fleet(3, state, cut_off=cut_off)
+    requests = [
+        asyncio.ensure_future(head(client, f"p{n}-{i:02}", f"r{n}"))
+        for n, client in enumerate(proxies)
+        for i in range(20)
+    ]
+    await asyncio.sleep(6 * INTERVAL + INTERVAL / 2)
+    state.cut.add("p2")
+    cut_at = asyncio.get_running_loop().time()
+    await asyncio.sleep(20 * INTERVAL)
+    state.cut.clear()
+    responses = await asyncio.gather(*requests)
+    assert {r.status for r in responses} == {200}
+    times = [s.at for s in fake.reads()]
+    during = [t for t in times if cut_at < t < cut_at + 20 * INTERVAL]
+    if cut_off == "wait":
+        assert min(gaps(times)) >= INTERVAL - JITTER
+    else:
+        assert min(gaps(during)) < INTERVAL / 2  # two proxies in one window
 
 
 async def test_a_store_back_empty_while_a_proxy_still_paces_alone_never_doubles_a_window(
@@ -344,3 +414,52 @@ async def test_a_manifest_by_digest_asked_again_while_the_fleet_is_told_of_it_is
         )
         assert (answer.status, await answer.read()) == (200, body)
     assert [s.path for s in fake.reads()] == [f"/v2/app/manifests/{digest}"]
+
+
+class SlowToClaim(MemoryFleet):
+    """A fleet's store that answers every third claim only after ``late`` intervals (Redis
+    answering slowly at times)."""
+
+    late = 1.5
+    claims = 0
+
+    async def claim(self, host: str, series: str, window: int, interval: float) -> Claim:
+        SlowToClaim.claims += 1
+        if SlowToClaim.claims % 3 == 0:
+            await asyncio.sleep(self.late * interval)
+        return await super().claim(host, series, window, interval)
+
+
+class SlowerThanAWindow(SlowToClaim):
+    late = 1.5  # after the next window's time
+
+
+class SlowWithinAWindow(SlowToClaim):
+    late = 0.5  # before the next window, long after its own
+
+
+@pytest.mark.parametrize("kind", [SlowerThanAWindow, SlowWithinAWindow])
+async def test_claims_answered_late_never_bring_two_reads_closer_than_an_interval(
+    fleet: Start, registry: tuple[Registry, TestServer], kind: type
+) -> None:
+    """Some claims are answered late: after the next window's time, or half an interval after
+    their own. A late answer is never taken for the window due when it lands (which the other
+    proxy may have been given), nor read half an interval late (the next window's read, on
+    time, would come half an interval after it): the window is lost, and every request is
+    still answered, one read per interval at most."""
+    fake, _ = registry
+    proxies = await fleet(2, kind=kind)
+    requests = [
+        head(client, f"p{n}-{i:02}", f"r{n}") for n, client in enumerate(proxies) for i in range(6)
+    ]
+    responses = await asyncio.gather(*requests)
+    assert {r.status for r in responses} == {200}
+    assert min(gaps([s.at for s in fake.reads()])) >= INTERVAL - JITTER
+    windows = [
+        (await (await p.get("/status")).json())["registries"][HOST]["check"]["windows"]
+        for p in proxies
+    ]
+    # half an interval late: away; after the next window's time: busy, as a window the next
+    # one's firing found past
+    lost = "away" if kind is SlowWithinAWindow else "busy"
+    assert sum(w[lost] for w in windows) > 0, windows
