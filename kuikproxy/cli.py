@@ -186,6 +186,9 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as error:
         _print_errors(error)
         return EXIT_USAGE
+    if config.fleet is not None and (missing := config.fleet.missing()) is not None:
+        print(missing, file=sys.stderr)
+        return EXIT_USAGE
     # Imported here so that check-config works without importing the web stack.
     from kuikproxy.server import run  # type: ignore[import-not-found,unused-ignore]
 
@@ -205,6 +208,9 @@ def _check_config(args: argparse.Namespace) -> int:
         _print_errors(error)
         return EXIT_INVALID_CONFIG
     sys.stdout.write(describe(config))
+    if config.fleet is not None and (missing := config.fleet.missing()) is not None:
+        print(missing, file=sys.stderr)
+        return EXIT_INVALID_CONFIG
     return 0
 
 

@@ -7,6 +7,7 @@ restarts, forward-proxy mode (§13) and the fleet a proxy paces with.
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -278,6 +279,12 @@ class FleetSettings:
     a window; this proxy's clients wait), or ``ownTurns``, go on alone on its last turns
     (its clients are served; once the others take those turns over, after two intervals, a
     window may be read twice until the partition heals)."""
+
+    def missing(self) -> str | None:
+        """Why this proxy cannot join the fleet as installed (redis-py is an extra), if so."""
+        if importlib.util.find_spec("redis") is None:
+            return "fleet: redis-py is not installed: pip install 'kuikproxy[fleet]'"
+        return None
 
     def describe(self) -> str:
         """The fleet, for ``check-config``."""

@@ -3,6 +3,7 @@ the messages for those that do not, and what ``check-config`` says of the fleet.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,26 @@ def test_check_config_without_a_fleet(tmp_path: Path, capsys: pytest.CaptureFixt
     path.write_text("cache: {maxAge: 1h}\n")
     assert main(["check-config", str(path)]) == 0
     assert "\nfleet: none (paced alone)\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["check-config", "serve"])
+def test_a_fleet_without_redis_py_installed_says_how_to_install_it(
+    command: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(redis("url: 'redis://r:6379/0'"))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "redis" else real(name, *a)
+    )
+    argv = (
+        ["check-config", str(path)]
+        if command == "check-config"
+        else ["serve", "--config", str(path)]
+    )
+    assert main(argv) in {1, 2}
+    err = capsys.readouterr().err
+    assert "pip install 'kuikproxy[fleet]'" in err and "Traceback" not in err
