@@ -11,6 +11,10 @@
         ├── NameUnknown              404 NAME_UNKNOWN      a read of a malformed repository name
         ├── ManifestUnknown          404 MANIFEST_UNKNOWN  a read of a malformed tag
         ├── Ambiguous                400 UNSUPPORTED       two hosts named that disagree
+        ├── BadRequest               400 UNSUPPORTED       a request aiohttp's parser refused
+        ├── URITooLong               414 UNSUPPORTED       a request target past the parser's limit
+        ├── HeadersTooLarge          431 UNSUPPORTED       a header too long, or too many
+        ├── VersionNotSupported      505 UNSUPPORTED       not HTTP/1.x
         ├── Denied                   403 DENIED            host not allowed
         ├── NotFound                 404 NOT_FOUND         route kuikproxy does not serve
         ├── Unsupported              405 UNSUPPORTED       writes, unknown methods
@@ -118,6 +122,34 @@ class Ambiguous(RegistryError):
     an ``ns`` and a forward-proxy target): kuikproxy will not guess which one was meant."""
 
     status = 400
+    code = "UNSUPPORTED"
+
+
+class BadRequest(RegistryError):
+    """Not an HTTP/1.x request (RFC 9112 §2.2): 400."""
+
+    status = 400
+    code = "UNSUPPORTED"
+
+
+class URITooLong(RegistryError):
+    """A request target longer than the parser reads (RFC 9112 §3: a MUST)."""
+
+    status = 414
+    code = "UNSUPPORTED"
+
+
+class HeadersTooLarge(RegistryError):
+    """A header field too long, or too many of them (RFC 6585 §5)."""
+
+    status = 431
+    code = "UNSUPPORTED"
+
+
+class VersionNotSupported(RegistryError):
+    """No HTTP/1.x version (RFC 9110 §15.6.6): HTTP/2 in text, its preface, 0.9, 1.2, 3.0."""
+
+    status = 505
     code = "UNSUPPORTED"
 
 

@@ -88,8 +88,8 @@ class _Families:
         )
         self.windows = CounterMetricFamily(
             "kuik_registry_windows",
-            "Windows of a registry's series by what became of them (used, idle, busy, blocked; in a "
-            "fleet, fleet: another proxy's, away: its store out of reach).",
+            "Windows of a registry's series by what became of them (used, idle, busy, blocked; "
+            "in a fleet, fleet: another proxy's, away: its store out of reach).",
             labels=["registry", "operation", "outcome"],
         )
         self.waiting = GaugeMetricFamily(

@@ -30,37 +30,15 @@ from aiohttp.http_exceptions import (
     PayloadEncodingError,
 )
 
-from kuikproxy.errors import RefusalLog, RegistryError
+from kuikproxy.errors import (
+    BadRequest,
+    HeadersTooLarge,
+    RefusalLog,
+    RegistryError,
+    URITooLong,
+    VersionNotSupported,
+)
 from kuikproxy.web.oci import error_response
-
-
-class BadRequest(RegistryError):
-    """Not an HTTP/1.x request (RFC 9112 §2.2): 400."""
-
-    status = 400
-    code = "UNSUPPORTED"
-
-
-class URITooLong(RegistryError):
-    """A request target longer than the parser reads (RFC 9112 §3: a MUST)."""
-
-    status = 414
-    code = "UNSUPPORTED"
-
-
-class HeadersTooLarge(RegistryError):
-    """A header field too long, or too many of them (RFC 6585 §5)."""
-
-    status = 431
-    code = "UNSUPPORTED"
-
-
-class VersionNotSupported(RegistryError):
-    """No HTTP/1.x version (RFC 9110 §15.6.6): HTTP/2 in text, its preface, 0.9, 1.2, 3.0."""
-
-    status = 505
-    code = "UNSUPPORTED"
-
 
 LINE_TOO_LONG = "line-too-long"
 HEADER_TOO_LARGE = "header-too-large"
