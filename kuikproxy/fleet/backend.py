@@ -40,6 +40,11 @@ class FleetBackend(Protocol):
         ``proposed``."""
         ...
 
+    async def time(self, host: str) -> float:
+        """The store's clock (wall time, seconds) where ``host``'s keys are: the one clock the
+        fleet's grids, blocks and kept answers are read on, whatever the proxies' clocks say."""
+        ...
+
     async def claim(self, host: str, series: str, window: int, interval: float) -> Claim:
         """Whether this proxy, which has something due, may use window ``window`` (its index
         since the origin) of ``host``'s ``series``. At most one proxy of the fleet gets each

@@ -70,6 +70,9 @@ class MemoryFleet:
         self._origins[key] = kept
         return kept[1]
 
+    async def time(self, host: str) -> float:
+        return self._now()
+
     async def claim(self, host: str, series: str, window: int, interval: float) -> Claim:
         now, key, state = self._now(), (host, series), self.state
         mine = self._origins.get(key)

@@ -239,6 +239,13 @@ return 0
 """
 
 
+# KEYS: any key of the host's (so that a cluster asks the node of its slot). Redis' clock.
+_TIME = """
+local t = redis.call('TIME')
+return {t[1], t[2]}
+"""
+
+
 class RedisFleet:
     """A :class:`FleetBackend` on Redis (:mod:`.redisstore`). Make one with :meth:`connect`."""
 
@@ -258,6 +265,7 @@ class RedisFleet:
         self._take = client.register_script(_TAKE)
         self._reading = client.register_script(_READING)
         self._read = client.register_script(_READ)
+        self._time = client.register_script(_TIME)
         # the origin this proxy was given per (host, series), checked by every claim
         self._origins: dict[tuple[str, str], str] = {}
         self._heartbeat: asyncio.Task[None] | None = None
@@ -311,7 +319,8 @@ class RedisFleet:
 
     async def _load(self) -> None:
         for script in (
-            self._origin, self._claim, self._block, self._take, self._reading, self._read
+            self._origin, self._claim, self._block, self._take, self._reading, self._read,
+            self._time,
         ):  # fmt: skip
             await self._redis.script_load(script.script)
 
@@ -358,6 +367,12 @@ class RedisFleet:
         text = answer.decode() if isinstance(answer, bytes) else str(answer)
         self._origins[host, series] = text
         return float(text)
+
+    async def time(self, host: str) -> float:
+        seconds, micros = await self._call(
+            f"time of {host}", self._time(keys=[self._key(host, "time")], args=[])
+        )
+        return int(seconds) + int(micros) / 1e6
 
     async def claim(self, host: str, series: str, window: int, interval: float) -> Claim:
         won, place, of, forming = await self._call(

@@ -71,7 +71,9 @@ class FleetLink:
         self.backend = backend
         self.loop = loop
         self.wait = wait  # cut off from the store, use no window (fleet.whenCutOff: wait)
-        self.offset = wall_offset  # loop time + offset = wall time, the fleet's clock
+        # loop time + offset = the fleet's clock: this host's wall clock until the store's
+        # is read (at each alignment, :meth:`align`)
+        self.offset = wall_offset
         self.connected = True
         self.size = 1
         self.since = loop.time()
@@ -101,6 +103,11 @@ class FleetLink:
         """Put ``series`` on the fleet's grid for this interval (setting it if this proxy is
         the first); left on its own grid while the fleet cannot be reached."""
         try:
+            sent = self.loop.time()
+            store_now = await self.backend.time(host)
+            # the store's clock, not this host's: proxies whose clocks differ still share
+            # one grid (a clock δ ahead would move its windows δ closer to the others')
+            self.offset = store_now - (sent + self.loop.time()) / 2
             origin = await self.backend.origin(
                 host, operation.value, series.interval, series.origin + self.offset
             )

@@ -45,7 +45,8 @@ def fleet(
 ) -> Start:
     """``fleet(n)``: n proxies of one fleet; ``fleet(n, state)`` on a given shared state,
     ``fleet(n, state, host)`` with more YAML for the host's block, ``kind`` the store's
-    handles (a :class:`MemoryFleet` that misbehaves), ``cut_off`` ``fleet.whenCutOff``.
+    handles (a :class:`MemoryFleet` that misbehaves), ``cut_off`` ``fleet.whenCutOff``,
+    ``skews`` how far ahead each proxy's clock is (seconds) as it starts.
 
     The wall clock is made to run with the loop's virtual one, as it does with a real loop:
     each proxy converts the fleet's wall times with its own offset, and real milliseconds
@@ -58,12 +59,14 @@ def fleet(
         host: str = "",
         kind: type = MemoryFleet,
         cut_off: str = "wait",
+        skews: tuple[float, ...] = (),
     ) -> list[Client]:
         loop = asyncio.get_running_loop()
-        monkeypatch.setattr(time, "time", lambda: 1.8e9 + loop.time())
         state = state or FleetState(clock=loop.time)
         clients = []
         for n in range(count):
+            skew = skews[n] if n < len(skews) else 0.0  # this proxy's clock, that far ahead
+            monkeypatch.setattr(time, "time", lambda skew=skew: 1.8e9 + loop.time() + skew)
             config = parse_config(
                 f"fleet: {{redis: {{url: 'redis://127.0.0.1:1'}}, name: p{n}, "
                 f"whenCutOff: {cut_off}}}\n"
@@ -72,6 +75,7 @@ def fleet(
             )
             app = build_app(config, fleet=kind(state, f"p{n}"))
             clients.append(await aiohttp_client(app, server_kwargs={"handler_cancellation": True}))
+        monkeypatch.setattr(time, "time", lambda: 1.8e9 + loop.time())
         await asyncio.sleep(0)  # each proxy's series take the fleet's grid
         return clients
 
@@ -463,3 +467,20 @@ async def test_claims_answered_late_never_bring_two_reads_closer_than_an_interva
     # one's firing found past
     lost = "away" if kind is SlowWithinAWindow else "busy"
     assert sum(w[lost] for w in windows) > 0, windows
+
+
+async def test_proxies_whose_clocks_differ_share_one_grid(
+    fleet: Start, registry: tuple[Registry, TestServer]
+) -> None:
+    """The second proxy's clock is 80 ms ahead (two fifths of an interval): the fleet's grid is
+    read on the store's clock, so its windows are the first one's, and the registry never sees
+    two reads closer than an interval (on its own clock, its windows would come 80 ms before the
+    first proxy's, 120 ms after the last)."""
+    fake, _ = registry
+    proxies = await fleet(2, skews=(0.0, 0.08))
+    requests = [
+        head(client, f"p{n}-{i:02}", f"r{n}") for n, client in enumerate(proxies) for i in range(10)
+    ]
+    responses = await asyncio.gather(*requests)
+    assert {r.status for r in responses} == {200}
+    assert min(gaps([s.at for s in fake.reads()])) >= INTERVAL - JITTER
