@@ -57,6 +57,7 @@ def fleet(
         count: int,
         state: FleetState | None = None,
         host: str = "",
+        *,
         kind: type = MemoryFleet,
         cut_off: str = "wait",
         skews: tuple[float, ...] = (),
