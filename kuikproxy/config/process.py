@@ -294,4 +294,9 @@ class FleetSettings:
             if self.when_cut_off == "wait"
             else "goes on alone on its own turns (a window may be read twice meanwhile)"
         )
-        return f"fleet: name {name}, redis {self.redis.describe()}; cut off, it {cut_off}"
+        # the lease the store gives a proxy's turns (core.fleetturns): two of the host's
+        # intervals past its last claim
+        return (
+            f"fleet: name {name}, redis {self.redis.describe()}; cut off, it {cut_off}; "
+            "a proxy's turns are its own two intervals past its last claim"
+        )

@@ -107,7 +107,8 @@ def test_check_config_shows_the_fleets_mode_never_a_password(
     path.write_text(redis(text))
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
-    assert f"\n{line}; cut off, it waits for it\n" in out
+    lease = "a proxy's turns are its own two intervals past its last claim"
+    assert f"\n{line}; cut off, it waits for it; {lease}\n" in out
     assert "pw" not in out
 
 
