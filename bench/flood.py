@@ -105,7 +105,7 @@ PROBE_HOST = "registry.probe:5000"
 RELAY_HOST = "registry.relay:5000"
 WILDCARD = "127.9.*"
 PROBE_TAG = "probe"
-PROBES = 10
+PROBES = 50
 HELD_RESOURCES = 100  # the held requests' resources
 RING_TAGS = 1_000  # the kept tags every ring-image resource asks: rings of this many images
 DEPTH = 64  # requests in flight on one pipelined connection
@@ -270,7 +270,7 @@ def probe_requests() -> list[bytes]:
     """The probe's HEADs, one per probe resource, taken in turn. R1 holds a resource that asks
     again until an answer newer than its last: a probe of one resource would find no kept answer
     whenever the prefetch turn (every 50 ms) came later than its 100 ms, and be held, which the
-    flood's full ``maxHeld`` refuses. Each of :data:`PROBES` resources asks once a second."""
+    flood's full ``maxHeld`` refuses. Each of :data:`PROBES` resources asks every five seconds."""
     path = f"/v2/{REPO}/manifests/{PROBE_TAG}?ns={PROBE_HOST}"
     return [request(path, f"probe-{i}") for i in range(PROBES)]
 
@@ -321,10 +321,15 @@ async def spread(
     return sum(parts, Counter())
 
 
-def held_requests(start: int, count: int) -> list[bytes]:
-    """HEADs of ``count`` tags of the held host from ``start`` on: each held an hour."""
+def held_requests(start: int, count: int, tags: int | None = None) -> list[bytes]:
+    """HEADs of ``count`` tags of the held host from ``start`` on (the first ``tags`` over
+    again: images already in their rings, which a full ``maxImages`` would refuse as new
+    ones): each held an hour."""
     return [
-        request(f"/v2/{REPO}/manifests/held-{i:06d}?ns={HELD_HOST}", f"held-{i % HELD_RESOURCES}")
+        request(
+            f"/v2/{REPO}/manifests/held-{i % (tags or i + 1):06d}?ns={HELD_HOST}",
+            f"held-{i % HELD_RESOURCES}",
+        )
         for i in range(start, start + count)
     ]
 
@@ -335,10 +340,10 @@ async def keep_held(
     """Keep ``maxHeld`` full until cancelled: a request held an hour takes the place of each
     other held request that has gone since (a window answered it), as many as were refused
     the last time (refused again past the bound)."""
-    refused = done.held_refused
+    refused, tags = done.held_refused, sent
     while True:
         await asyncio.sleep(0.25)
-        more = held_requests(sent, max(refused, 1))
+        more = held_requests(sent, max(refused, 1), tags)
         sent += len(more)
         refused = await park(port, more, opened)
         done.held_refused += refused

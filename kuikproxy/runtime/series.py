@@ -141,6 +141,7 @@ class SeriesTimers:
         if self._turns is None:
             self._turns = {Operation.CHECK: fleet.turns(), Operation.COPY: fleet.turns()}
         turns = self._turns[operation]
+        sent = self.services.loop.time()
         lost = await fleet.claim(
             self.name, operation, index, series.interval, turns=turns, block=self.owner.block
         )
@@ -150,8 +151,14 @@ class SeriesTimers:
             # came after the next window's time: it is that window's claim that may use it
             # (this one is counted busy then), never this one's answer
             return
-        if lost is None and now > series.origin + (index + LATE) * series.interval:
-            lost = Outcome.AWAY  # answered too late to be read in its window's time
+        # too late to be read in its window's time: the claim (a block's look and the claim,
+        # two round trips) and the one more the window's read makes first (the fleet's kept
+        # answers) must be over a tenth of the interval after the window
+        if (
+            lost is None
+            and now + (now - sent) / 2 > series.origin + (index + LATE) * series.interval
+        ):
+            lost = Outcome.AWAY
         if lost is None:
             self.open(operation, now)
         else:

@@ -10,6 +10,8 @@
   its access log readable line by line.
 * :class:`Kuikproxy` — ``python -m kuikproxy serve --config FILE`` as a subprocess.
 * :class:`Prometheus` — Debian's ``prometheus`` scraping loopback targets, queried over its API.
+* :class:`FaultRelay` — a TCP relay whose faults a test switches while it runs (cut, blackhole,
+  slow): between a fleet's proxy and its Redis.
 
 Everything listens on 127.0.0.1 on a port the kernel picked, writes under a directory the caller
 owns, and is stopped by ``stop()`` (each class is also a context manager).
@@ -34,6 +36,7 @@ import secrets
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tarfile
@@ -1690,18 +1693,185 @@ def move_slot(
 
 @contextlib.contextmanager
 def fleet_of(
-    count: int, upstream: str, registry: str, redis: Mapping[str, Any], workdir: Path
+    count: int,
+    upstream: str,
+    registry: str,
+    redis: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    workdir: Path,
+    *,
+    fleet: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+    **block: Any,
 ) -> Iterator[list[Kuikproxy]]:
     """``count`` kuikproxy processes ``p0``, ``p1``... of one fleet on ``redis`` (the config's
-    ``fleet.redis``), each pacing ``registry`` (reached at ``upstream``) and nothing else."""
+    ``fleet.redis``; a sequence: proxy *n*'s is its *n*-th), each pacing ``registry`` (reached
+    at ``upstream``; ``block`` merged into its block, as :func:`registry_block` does) and
+    nothing else. ``fleet``: more of the ``fleet`` block, for all or (a sequence) for each."""
+
+    def of(settings: Mapping[str, Any] | Sequence[Mapping[str, Any]], n: int) -> dict[str, Any]:
+        return dict(settings) if isinstance(settings, Mapping) else dict(settings[n])
+
     with contextlib.ExitStack() as stack:
-        fleet = []
+        proxies = []
         for n in range(count):
+            more = {} if fleet is None else of(fleet, n)
             config = {
                 "defaultRegistry": registry,
                 "allowedHosts": [],
-                "fleet": {"redis": dict(redis), "name": f"p{n}"},
-                "registries": {registry: registry_block(upstream)},
+                "fleet": {"redis": of(redis, n), "name": f"p{n}", **more},
+                "registries": {registry: registry_block(upstream, **block)},
             }
-            fleet.append(stack.enter_context(Kuikproxy(workdir / f"p{n}", config)))
-        yield fleet
+            proxies.append(stack.enter_context(Kuikproxy(workdir / f"p{n}", config)))
+        yield proxies
+
+
+# --- faults between a proxy and its fleet's store -------------------------------------------
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close ``writer``'s connection with an RST (SO_LINGER 0), as a dropped route or a killed
+    peer would: the other end's next read or write fails at once."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+class FaultRelay(OnLoopback):
+    """A TCP relay on 127.0.0.1 to ``target_port`` whose mode a test switches while it runs
+    (its own event loop, in a thread):
+
+    * :meth:`heal` — ``pass``: forward both ways (the mode it starts in);
+    * :meth:`cut` — reset (RST) every open connection, and every new one as it is accepted;
+    * :meth:`blackhole` — keep every connection, new ones too, and forward nothing either way:
+      no answer, no error, until healed (what it held then flows, as TCP would resend it);
+    * :meth:`slow` — deliver each chunk ``ms`` after it arrived, in both directions (a request
+      and its answer: ``2 * ms`` more per round trip).
+
+    Each proxy of a fleet reaching its store through a relay of its own, a test faults one
+    proxy, several, or all."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.mode = "pass"
+        self.accepted = 0  # connections accepted, in any mode
+        self._delay = 0.0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+        self._flowing = asyncio.Event()  # clear while blackholed
+        self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+
+    def start(self) -> Self:
+        self._thread.start()
+
+        async def up() -> int:
+            self._flowing.set()
+            self._server = await asyncio.start_server(self._accept, LOOPBACK, 0)
+            return int(self._server.sockets[0].getsockname()[1])
+
+        self.port = asyncio.run_coroutine_threadsafe(up(), self._loop).result(10)
+        return self
+
+    def heal(self) -> None:
+        self._switch("pass")
+
+    def cut(self) -> None:
+        self._switch("cut")
+
+    def blackhole(self) -> None:
+        self._switch("blackhole")
+
+    def slow(self, ms: float) -> None:
+        self._switch("slow", ms / 1000)
+
+    def _switch(self, mode: str, delay: float = 0.0) -> None:
+        async def switch() -> None:
+            self.mode, self._delay = mode, delay
+            if mode == "blackhole":
+                self._flowing.clear()
+            else:
+                self._flowing.set()
+            if mode == "cut":
+                for link in list(self._links):
+                    for writer in link:
+                        _reset(writer)
+
+        asyncio.run_coroutine_threadsafe(switch(), self._loop).result(10)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        if self.mode == "cut":
+            _reset(writer)
+            return
+        try:
+            upstream, towards = await asyncio.open_connection(LOOPBACK, self.target_port)
+        except OSError:  # the store is down: so is the relay, to its client
+            _reset(writer)
+            return
+        link = (writer, towards)
+        self._links.add(link)
+        pipes = [
+            asyncio.ensure_future(self._pipe(reader, towards)),
+            asyncio.ensure_future(self._pipe(upstream, writer)),
+        ]
+        try:  # either way ending (EOF, reset) ends both: Redis' clients never half-close
+            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._links.discard(link)
+            for pipe in pipes:
+                pipe.cancel()
+            for side in link:
+                side.close()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read chunks as they come, deliver each once flowing and its delay is over: the
+        delay is latency, not a slower rate (a chunk's wait starts when it arrives)."""
+        chunks: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while True:
+                arrived, chunk = await chunks.get()
+                if not chunk:  # the sender closed: all it sent is delivered
+                    return
+                await self._flowing.wait()
+                await asyncio.sleep(max(0.0, arrived + self._delay - self._loop.time()))
+                writer.write(chunk)
+                await writer.drain()
+
+        delivering = asyncio.ensure_future(deliver())
+        try:
+            while chunk := await reader.read(65536):
+                chunks.put_nowait((self._loop.time(), chunk))
+            chunks.put_nowait((self._loop.time(), b""))
+            await delivering
+        except OSError:
+            pass
+        finally:
+            delivering.cancel()
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+
+        async def down() -> None:
+            if self._server is not None:
+                self._server.close()
+            for link in list(self._links):
+                for writer in link:
+                    _reset(writer)
+            # every link ends on its own once reset (its reads see the end)
+            pending = asyncio.all_tasks() - {asyncio.current_task()}
+            if pending:
+                await asyncio.wait(pending, timeout=5)
+
+        asyncio.run_coroutine_threadsafe(down(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
