@@ -171,6 +171,10 @@ class RedisSettings:
     tls_ca_file: Annotated[str, Field(min_length=1)] | None = None
     """The CA that signs the server's certificate (``rediss://``, or ``tls``), besides the
     system's."""
+    confirmed_by: Annotated[int, Field(ge=0, le=16)] = 0
+    """Replicas that must hold a claim before its window is used (Redis ``WAIT``): with 1 or
+    more, a master a failover left behind, still taking writes, gives no window that the new
+    one gives too; with fewer replicas up than that, no window is used. Not on a Cluster."""
 
     @field_validator("sentinels")
     @classmethod
@@ -209,6 +213,8 @@ class RedisSettings:
             return problems
         if self.url is None:
             return [("url", "required: a Redis URL, or sentinels and masterName")]
+        if self.cluster and self.confirmed_by:
+            return [("confirmedBy", "not on a Redis Cluster (each slot has its own master)")]
         problems = [
             (key, "only with sentinels")
             for key, given in (
@@ -252,6 +258,8 @@ class RedisSettings:
                 parts.append(f"{key} {path}")
         if self.tls:
             parts.append("tls")
+        if self.confirmed_by:
+            parts.append(f"a claim counts once {self.confirmed_by} replica(s) hold it")
         return ", ".join(parts)
 
 

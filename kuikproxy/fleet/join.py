@@ -29,6 +29,7 @@ async def join(settings: FleetSettings) -> FleetBackend:
         username=redis.username,
         sentinel_password=await _secret(redis.sentinel_password_file),
         tls=redis.tls,
+        confirmed_by=redis.confirmed_by,
     )
 
 

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisClusterException, RedisError
 
-from kuikproxy.core.fleetturns import Claim
+from kuikproxy.core.fleetturns import LATE, Claim
 from kuikproxy.core.quota import SharedBucket
 from kuikproxy.fleet.backend import FleetBackend, FleetUnavailable, StoreView
 from kuikproxy.fleet.redisstore import TIMEOUT, OpenStore, RedisStore
@@ -268,6 +268,7 @@ class RedisFleet:
         self._time = client.register_script(_TIME)
         # the origin this proxy was given per (host, series), checked by every claim
         self._origins: dict[tuple[str, str], str] = {}
+        self._confirmed_by = 0  # replicas that must hold a claim (fleet.redis.confirmedBy)
         self._heartbeat: asyncio.Task[None] | None = None
         self._master = store.master()  # on Sentinel, the master the last call went to
 
@@ -286,6 +287,7 @@ class RedisFleet:
         username: str | None = None,
         sentinel_password: str | None = None,
         tls: bool = False,
+        confirmed_by: int = 0,
     ) -> RedisFleet:
         """A fleet on the Redis at ``url`` (``redis://`` or, for TLS, ``rediss://``; a password
         in the URL wins over ``password``; with ``cluster``, a node of a Redis Cluster), or on
@@ -305,6 +307,7 @@ class RedisFleet:
             tls_ca_file=tls_ca_file,
         )
         fleet = cls(OpenStore(where), name, key_prefix)
+        fleet._confirmed_by = confirmed_by
         try:
             await fleet.size()  # the first heartbeat: this proxy counts from now
             # the scripts loaded now (on a cluster, on every primary), so that the first claim
@@ -375,20 +378,30 @@ class RedisFleet:
         return int(seconds) + int(micros) / 1e6
 
     async def claim(self, host: str, series: str, window: int, interval: float) -> Claim:
-        won, place, of, forming = await self._call(
-            f"claim of {host} {series} window {window}",
-            self._claim(
-                keys=[
-                    self._key(host, series, "origin"),
-                    self._key(host, series, "due"),
-                    self._key(host, series, "window", str(window)),
-                    self._key(host, series, "forming"),
-                    *self._fleet_keys,
-                ],
-                args=[self.name, _ms(interval), self._origins.get((host, series), ""), window],
-            ),
+        keys = [
+            self._key(host, series, "origin"),
+            self._key(host, series, "due"),
+            self._key(host, series, "window", str(window)),
+            self._key(host, series, "forming"),
+            *self._fleet_keys,
+        ]
+        args: list[str | int] = [
+            self.name, _ms(interval), self._origins.get((host, series), ""), window
+        ]  # fmt: skip
+        what = f"claim of {host} {series} window {window}"
+        if not self._confirmed_by:
+            won, place, of, forming = await self._call(what, self._claim(keys=keys, args=args))
+            return Claim(bool(won), int(place), int(of), bool(forming))
+        # WAIT counts the replicas holding this connection's writes: one pipeline, so the
+        # claim and its WAIT share a connection; given up on past the window's lateness
+        async with self._redis.pipeline(transaction=False) as pipe:
+            await self._claim(keys=keys, args=args, client=pipe)  # type: ignore[arg-type]
+            pipe.wait(self._confirmed_by, max(1, math.floor(LATE * interval * 1000)))
+            (won, place, of, forming), held = await self._call(what, pipe.execute())
+        # a claim no replica holds may be one a failover left behind on an old master
+        return Claim(
+            bool(won) and int(held) >= self._confirmed_by, int(place), int(of), bool(forming)
         )
-        return Claim(bool(won), int(place), int(of), bool(forming))
 
     async def block(self, host: str, until: float) -> float:
         answer = await self._call(

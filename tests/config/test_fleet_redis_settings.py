@@ -140,3 +140,15 @@ def test_a_fleet_without_redis_py_installed_says_how_to_install_it(
     assert main(argv) in {1, 2}
     err = capsys.readouterr().err
     assert "pip install 'kuikproxy[fleet]'" in err and "Traceback" not in err
+
+
+def test_confirmed_claims_are_shown_and_refused_on_a_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(redis("sentinels: ['s1:26379'], masterName: m, confirmedBy: 1"))
+    assert main(["check-config", str(path)]) == 0
+    assert "a claim counts once 1 replica(s) hold it" in capsys.readouterr().out
+    path.write_text(redis("url: 'redis://r:7000', cluster: true, confirmedBy: 1"))
+    assert main(["check-config", str(path)]) == 1
+    assert "confirmedBy" in capsys.readouterr().err
