@@ -288,10 +288,16 @@ class FleetCollector(_Scraping):
         size = GaugeMetricFamily(
             "kuik_proxy_fleet_size", "Proxies in the fleet as last seen, this one included."
         )
+        away = CounterMetricFamily(
+            "kuik_proxy_fleet_windows_away",
+            "Windows with something due this proxy did not use: the fleet's store out of reach, "
+            "or answering too late (fleet.whenCutOff: wait).",
+        )
         if fleet is not None:
             connected.add_metric([], float(fleet.connected))
             size.add_metric([], float(fleet.size))
-        return [connected, size]
+            away.add_metric([], float(fleet.away))
+        return [connected, size, away]
 
 
 class ReadCollector(_Scraping):

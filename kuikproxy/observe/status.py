@@ -221,6 +221,7 @@ def fleet_status(view: FleetView, clock: Clock) -> FleetStatus:
         store=FleetStoreStatus(
             mode=view.store.mode, address=view.store.address, nodes=view.store.nodes
         ),
+        windowsAway=view.away,
     )
 
 

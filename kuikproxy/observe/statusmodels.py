@@ -216,6 +216,11 @@ class FleetStatus(_Model):
     since: str = Field(description="when `connected` last changed")
     last_error: str | None = Field(alias="lastError")
     store: FleetStoreStatus = Field(description="the fleet's Redis")
+    windows_away: int = Field(
+        alias="windowsAway",
+        description="windows with something due not used since start: the store out of reach, "
+        "or answering too late (every host's, counted `away` in its series too)",
+    )
 
 
 class Status(_Model):

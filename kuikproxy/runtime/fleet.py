@@ -55,6 +55,7 @@ class FleetView:
     since: float  # loop time of the last change of ``connected``
     error: str | None
     store: StoreView  # what the store is: single, sentinel (and its master), cluster
+    away: int = 0  # windows with something due this proxy did not use: the store out of reach
 
 
 class FleetLink:
@@ -71,6 +72,7 @@ class FleetLink:
         self.backend = backend
         self.loop = loop
         self.wait = wait  # cut off from the store, use no window (fleet.whenCutOff: wait)
+        self.away = 0  # windows lost to the store's faults (unreachable, or answering late)
         # loop time + offset = the fleet's clock: this host's wall clock until the store's
         # is read (at each alignment, :meth:`align`)
         self.offset = wall_offset
@@ -309,6 +311,7 @@ class FleetLink:
             self.since,
             self.error,
             self.backend.store(),
+            self.away,
         )
 
 

@@ -159,6 +159,8 @@ class SeriesTimers:
             and now + (now - sent) / 2 > series.origin + (index + LATE) * series.interval
         ):
             lost = Outcome.AWAY
+        if lost is Outcome.AWAY:
+            fleet.away += 1
         if lost is None:
             self.open(operation, now)
         else:

@@ -216,8 +216,10 @@ async def test_without_the_fleets_store_the_proxies_wait_for_it(
     status = await (await first.get("/status")).json()
     assert status["fleet"]["connected"] is False
     assert status["registries"][HOST]["check"]["windows"]["away"] >= 9
+    assert status["fleet"]["windowsAway"] >= 9  # every host's
     metrics = await (await first.get("/metrics")).text()
     assert 'operation="Check",outcome="away",registry="' + HOST + '"} ' in metrics
+    assert "kuik_proxy_fleet_windows_away_total " in metrics
     state.up = True
     responses = await asyncio.gather(*requests)
     assert {r.status for r in responses} == {200}
