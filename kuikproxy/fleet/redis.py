@@ -38,16 +38,13 @@ left out: the heartbeat is then the size's call alone (at least every 10 s, well
 60 s a proxy counts), and a claim is still one round trip, to the node serving the host's slot.
 The key names are the same everywhere (proxies of two versions share a fleet).
 
-On Sentinel a call that reached another master than the last one (a failover) is reported as
-the store lost (:class:`FleetUnavailable`), so the runtime takes the fleet's grid again and is
-careful for a while; the master is also asked for every second, not only when the old one
-refuses writes.
-
-Every error reaching Redis (refused, timed out, authentication, a script error, no node of
-a cluster) is raised as :class:`FleetUnavailable`; timeouts are short (1 s) and only a broken
-connection is retried (once, at once; a cluster retries a timeout too, to learn its slots
-again), because the runtime's answer to an unreachable store — pace alone, slower —
-is cheap and safe, and a window must not wait for the store.
+On Sentinel the master is asked for every second, and a call that reached another master than
+the last one (a failover) is reported as the store lost, so the runtime is careful for a while;
+with ``confirmedBy`` a claim counts once that many replicas hold it (``WAIT``). Every error
+reaching Redis (refused, timed out, authentication, a script error, no node of a cluster) is
+raised as :class:`FleetUnavailable`; timeouts are short (1 s) and only a broken connection is
+retried (once, at once; a cluster retries a timeout too, to learn its slots again): a window
+must not wait for the store, and the runtime's answer to it, waiting, loses windows only.
 """
 
 from __future__ import annotations
@@ -240,10 +237,7 @@ return 0
 
 
 # KEYS: any key of the host's (so that a cluster asks the node of its slot). Redis' clock.
-_TIME = """
-local t = redis.call('TIME')
-return {t[1], t[2]}
-"""
+_TIME = "return redis.call('TIME')"
 
 
 class RedisFleet:
