@@ -325,12 +325,13 @@ def held_requests(start: int, count: int, tags: int | None = None) -> list[bytes
     """HEADs of ``count`` tags of the held host from ``start`` on (the first ``tags`` over
     again: images already in their rings, which a full ``maxImages`` would refuse as new
     ones): each held an hour."""
+    indices = range(start, start + count)
     return [
         request(
-            f"/v2/{REPO}/manifests/held-{i % (tags or i + 1):06d}?ns={HELD_HOST}",
+            f"/v2/{REPO}/manifests/held-{i if tags is None else i % tags:06d}?ns={HELD_HOST}",
             f"held-{i % HELD_RESOURCES}",
         )
-        for i in range(start, start + count)
+        for i in indices
     ]
 
 

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 STORE_TIMEOUT = 1.0  # seconds a call to the fleet's store may take before it gives up
 LATE = 0.1
-"""Of an interval: a window whose claim is answered later than that after its time is not used
-(counted ``away``): read that late, it would come closer than an interval before the next
-window's read, which another proxy may make on time."""
+"""Of an interval: a won window whose read would go out later than that after its time (its
+claim's round trips, and the one more the read makes first) is not used, counted ``away``: read
+that late, it would come closer than an interval before the next window's read, which another
+proxy may make on time."""
 
 
 def careful_for(interval: float) -> float:

@@ -13,7 +13,7 @@ import itertools
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,15 @@ def fleet(
     return start
 
 
+def asking(clients: Iterable[Client], count: int, prefix: str = "") -> list[asyncio.Future[Any]]:
+    """Each client's resource (``r<n>``) asking for ``count`` images of its own, at once."""
+    return [
+        asyncio.ensure_future(head(client, f"{prefix}{n}-{i:02}", f"r{n}"))
+        for n, client in enumerate(clients)
+        for i in range(count)
+    ]
+
+
 def gaps(times: list[float]) -> list[float]:
     return [round(b - a, 3) for a, b in itertools.pairwise(sorted(times))]
 
@@ -116,11 +125,7 @@ async def test_two_proxies_with_work_always_due_take_turns(
     first, second = await fleet(2)
     loop = asyncio.get_running_loop()
     start = loop.time()
-    requests = [
-        asyncio.ensure_future(head(client, f"{n}-{i:02}", f"r{n}"))
-        for n, client in enumerate((first, second))
-        for i in range(60)
-    ]
+    requests = asking((first, second), 60)
     await asyncio.sleep(50 * INTERVAL + INTERVAL / 2)
     reads = [s for s in fake.reads() if s.at <= start + 50 * INTERVAL + 1e-6]
     assert len(reads) == 50
@@ -169,11 +174,7 @@ async def test_without_the_fleets_store_each_proxy_paces_alone_on_its_share(
     fake, _ = registry
     state = FleetState(clock=asyncio.get_running_loop().time)
     first, second = await fleet(2, state, cut_off="ownTurns")
-    requests = [
-        asyncio.ensure_future(head(client, f"{n}-{i:02}", f"r{n}"))
-        for n, client in enumerate((first, second))
-        for i in range(20)
-    ]
+    requests = asking((first, second), 20)
     await asyncio.sleep(4 * INTERVAL + INTERVAL / 2)
     state.up = False
     before = len(fake.reads())
@@ -202,11 +203,7 @@ async def test_without_the_fleets_store_the_proxies_wait_for_it(
     fake, _ = registry
     state = FleetState(clock=asyncio.get_running_loop().time)
     first, second = await fleet(2, state)
-    requests = [
-        asyncio.ensure_future(head(client, f"{n}-{i:02}", f"r{n}"))
-        for n, client in enumerate((first, second))
-        for i in range(20)
-    ]
+    requests = asking((first, second), 20)
     await asyncio.sleep(4 * INTERVAL + INTERVAL / 2)
     state.up = False
     await asyncio.sleep(INTERVAL / 2)  # a claim sent just before may land meanwhile
@@ -239,11 +236,7 @@ async def test_one_proxy_cut_off_while_the_others_reach_the_store(
     fake, _ = registry
     state = FleetState(clock=asyncio.get_running_loop().time)
     proxies = await fleet(3, state, cut_off=cut_off)
-    requests = [
-        asyncio.ensure_future(head(client, f"p{n}-{i:02}", f"r{n}"))
-        for n, client in enumerate(proxies)
-        for i in range(20)
-    ]
+    requests = asking(proxies, 20, prefix="p")
     await asyncio.sleep(6 * INTERVAL + INTERVAL / 2)
     state.cut.add("p2")
     cut_at = asyncio.get_running_loop().time()
@@ -270,11 +263,7 @@ async def test_a_store_back_empty_while_a_proxy_still_paces_alone_never_doubles_
     fake, _ = registry
     state = FleetState(clock=asyncio.get_running_loop().time)
     proxies = await fleet(3, state)
-    requests = [
-        asyncio.ensure_future(head(client, f"{n}-{i:02}", f"r{n}"))
-        for n, client in enumerate(proxies)
-        for i in range(25)
-    ]
+    requests = asking(proxies, 25)
     await asyncio.sleep(6 * INTERVAL + INTERVAL / 2)
     state.up = False
     await asyncio.sleep(5 * INTERVAL)
