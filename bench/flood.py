@@ -48,7 +48,7 @@ refusals by reason, top level and every host's summed).
 
 Then (not with ``--quick``) **costs**: a fresh kuikproxy of the same budget, each bound filled
 to its limit alone, one after the other, VmRSS before and after: bytes per item, against
-``core/budget.py``'s ``COSTS``; and ``--held-cost`` requests held at once (``maxHeld`` written
+``core/memorybudget.py``'s ``COSTS``; and ``--held-cost`` requests held at once (``maxHeld`` written
 for it) in a process of their own: VmRSS per held request.
 
 Run: ``.venv/bin/python bench/flood.py`` (~10 min on 2 cores: the flood ~5, most of it the
@@ -81,7 +81,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench.proxy import Peer, QuietRegistry, push_big_blob, serve_kuikproxy  # noqa: E402
-from kuikproxy.core.budget import COSTS, Bound  # noqa: E402
+from kuikproxy.core.memorybudget import COSTS, Bound  # noqa: E402
 from tests.e2e.peers import (  # noqa: E402
     LOOPBACK,
     OCI_CONFIG,

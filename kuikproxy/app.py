@@ -18,7 +18,7 @@ from aiohttp import web
 
 from kuikproxy.blobs.store import BlobStore
 from kuikproxy.config import Config
-from kuikproxy.core.budget import Bound
+from kuikproxy.core.memorybudget import Bound
 from kuikproxy.fleet.backend import FleetBackend
 from kuikproxy.forward.front import Forwarding
 from kuikproxy.observe.handlers import routes as observing

@@ -165,7 +165,7 @@ class _JSONFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def _configure_logging(level: str, log_format: str) -> None:
+def configure_logging(level: str, log_format: str) -> None:
     # Configured here, before the server starts, so the server module only logs.
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
@@ -192,7 +192,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Imported here so that check-config works without importing the web stack.
     from kuikproxy.server import run  # type: ignore[import-not-found,unused-ignore]
 
-    _configure_logging(args.log_level, args.log_format)
+    configure_logging(args.log_level, args.log_format)
     try:
         run(config, config_path=args.config)
     except StateError as error:  # P13: refused rather than started over, which loses it
@@ -238,7 +238,7 @@ def _inject_webhook(args: argparse.Namespace) -> int:
         settings = WebhookSettings.parse(
             args.listen, args.tls_cert_file, args.tls_key_file, sidecar
         )
-        _configure_logging(args.log_level, args.log_format)
+        configure_logging(args.log_level, args.log_format)
         run(settings)
     except ConfigError as error:
         _print_errors(error)

@@ -30,7 +30,7 @@ from pydantic.dataclasses import dataclass
 from kuikproxy.config.base import MODEL_CONFIG, host_patterns
 from kuikproxy.config.fields import Duration, IdentitySource, validate_host
 from kuikproxy.config.flowsettings import FlowControl
-from kuikproxy.config.memory import pod_memory
+from kuikproxy.config.podmemory import pod_memory
 from kuikproxy.config.process import (
     CacheSettings,
     FleetSettings,
@@ -39,7 +39,7 @@ from kuikproxy.config.process import (
     StateSettings,
 )
 from kuikproxy.config.registry import RegistrySettings
-from kuikproxy.core.budget import Bound, MemoryBudget, split
+from kuikproxy.core.memorybudget import Bound, MemoryBudget, split
 from kuikproxy.core.images import DOCKER_HUB, normalize_host
 
 __all__ = ["DEFAULT_BLOCK", "PUBLIC_REGISTRIES", "Config"]
@@ -182,7 +182,7 @@ class Config:
         return self.registries[DEFAULT_BLOCK]
 
     def budget(self) -> MemoryBudget:
-        """``limits.memory`` split into the bounds a client can fill (:mod:`kuikproxy.core.budget`):
+        """``limits.memory`` split into the bounds a client can fill (:mod:`kuikproxy.core.memorybudget`):
         those written in the config as written, the others sized from what they leave."""
         limits, cache = self.limits, self.cache
         settings = {

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from kuikproxy.config import Config
-from kuikproxy.core.budget import Bound
+from kuikproxy.core.memorybudget import Bound
 from kuikproxy.core.reuse import owners_serving
 from kuikproxy.runtime.messages import Answer, RegistryRequest
 

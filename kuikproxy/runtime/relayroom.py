@@ -27,7 +27,7 @@ from collections import OrderedDict, defaultdict
 
 from kuikproxy.allocator import trim
 from kuikproxy.config import Config
-from kuikproxy.core.budget import Bound
+from kuikproxy.core.memorybudget import Bound
 from kuikproxy.errors import Unavailable
 from kuikproxy.socketbuffers import RECEIVE, SEND, held
 from kuikproxy.upstream.detached import READ_SIZE, RING

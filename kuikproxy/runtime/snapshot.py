@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from kuikproxy.core.budget import Bound, MemoryBudget
+from kuikproxy.core.memorybudget import Bound, MemoryBudget
 from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.quota import QuotaSnapshot
 from kuikproxy.core.scheduler import HostScheduler

@@ -94,7 +94,7 @@ def test_serve_calls_run(with_file: bool, monkeypatch: pytest.MonkeyPatch, tmp_p
 
     server.run = run  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "kuikproxy.server", server)
-    monkeypatch.setattr("kuikproxy.cli._configure_logging", lambda level, fmt: None)
+    monkeypatch.setattr("kuikproxy.cli.configure_logging", lambda level, fmt: None)
     path = tmp_path / "kuik.yaml"
     path.write_text("listen: ':9999'\n")
     argv = ["serve", "--config", str(path)] if with_file else ["serve"]

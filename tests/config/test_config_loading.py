@@ -19,7 +19,7 @@ from kuikproxy.config import (
     load_config,
     parse_config,
 )
-from kuikproxy.core.budget import Bound
+from kuikproxy.core.memorybudget import Bound
 from kuikproxy.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "config.yaml"

@@ -32,7 +32,7 @@ from bench.flood import (
     table,
 )
 from bench.proxy import push_big_blob
-from kuikproxy.core.budget import Bound
+from kuikproxy.core.memorybudget import Bound
 from tests.e2e.conftest import StartProxy
 from tests.e2e.peers import DistributionRegistry, Kuikproxy
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kuikproxy.core.budget import BASE, COSTS, HEADROOM, SHARES, Bound, split
+from kuikproxy.core.memorybudget import BASE, COSTS, HEADROOM, SHARES, Bound, split
 
 MIB = 1024**2
 written_bounds = st.dictionaries(
