@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from kuikproxy.config import load_config, parse_config
+from kuikproxy.core.flowcontrol import FlowTraits
 from tests.chart import KUBE_VERSION, ROOT, Rendered, render
 
 README = ROOT / "README.md"
@@ -132,11 +133,11 @@ def test_the_kuik_example_runs_kuiks_registry_unpaced_and_its_webhook_exempt() -
     unpaced = [h for h in config.configured_hosts() if not config.registry(h).paced]
     assert unpaced == ["kube-image-keeper-registry.kuik-system.svc:5000"]
     schema = config.flow_control.match(
-        resource="webhook/pod-admission", host="ghcr.io", operation="check"
+        FlowTraits(resource="webhook/pod-admission", host="ghcr.io", operation="check")
     )
     assert schema is not None and config.flow_control.level(schema.priority_level).type == "Exempt"
     monitor = config.flow_control.match(
-        resource="ImageMonitor/a", host="ghcr.io", operation="check"
+        FlowTraits(resource="ImageMonitor/a", host="ghcr.io", operation="check")
     )
     assert monitor is not None and monitor.priority_level == "checks"
 

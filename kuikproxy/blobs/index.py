@@ -81,6 +81,24 @@ def _owner_of(column: str) -> str | None:
     return None if column == "" else column[1:]
 
 
+def _put(
+    db: sqlite3.Connection,
+    table: str,
+    name: str,
+    key: tuple[str, ...],
+    fields: tuple[object, ...] | None,
+) -> None:
+    """The row of ``table`` (``grants``, ``tags``) at ``key`` — host, repository, ``name``,
+    owner — set to ``key`` and ``fields``, or deleted (``None``)."""
+    if fields is None:
+        where = f"host = ? AND repository = ? AND {name} = ? AND owner = ?"
+        db.execute(f"DELETE FROM {table} WHERE {where}", key)
+    else:
+        values = (*key, *fields)
+        marks = ", ".join("?" * len(values))
+        db.execute(f"INSERT OR REPLACE INTO {table} VALUES ({marks})", values)
+
+
 class Index:
     def __init__(self, path: str) -> None:
         self.path = path
@@ -166,28 +184,15 @@ class Index:
                     )
             for (host, repository, digest, owner), seq in changes.grants.items():
                 key = (host, repository, digest, _owner_column(owner))
-                if seq is None:
-                    db.execute(
-                        "DELETE FROM grants WHERE host = ? AND repository = ? AND digest = ?"
-                        " AND owner = ?",
-                        key,
-                    )
-                else:
-                    db.execute("INSERT OR REPLACE INTO grants VALUES (?, ?, ?, ?, ?)", (*key, seq))
+                _put(db, "grants", "digest", key, None if seq is None else (seq,))
             for (host, repository, tag, owner), value in changes.tags.items():
                 key = (host, repository, tag, _owner_column(owner))
                 if value is None:
-                    db.execute(
-                        "DELETE FROM tags WHERE host = ? AND repository = ? AND tag = ?"
-                        " AND owner = ?",
-                        key,
-                    )
+                    _put(db, "tags", "tag", key, None)
                 else:
                     record, seq = value
-                    db.execute(
-                        "INSERT OR REPLACE INTO tags VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (*key, record.digest, record.media_type, record.read_at, seq),
-                    )
+                    fields = (record.digest, record.media_type, record.read_at, seq)
+                    _put(db, "tags", "tag", key, fields)
             db.execute("COMMIT")
         except sqlite3.Error as error:
             if db.in_transaction:

@@ -46,8 +46,8 @@ from pydantic_core import InitErrorDetails, to_json
 
 from kuikproxy.config.base import MODEL_CONFIG, Loc, NestedErrors, camel, host_patterns
 from kuikproxy.core.flowcontrol import (
-    FlowOperation,
     FlowSchema,
+    FlowTraits,
     PriorityLevel,
     Problem,
     effective_levels,
@@ -100,24 +100,9 @@ class FlowControl:
                 return level
         raise KeyError(name)
 
-    def match(
-        self,
-        *,
-        resource: str,
-        host: str,
-        operation: FlowOperation,
-        user_agent: str = "",
-        headers: Mapping[str, str] | None = None,
-    ) -> FlowSchema | None:
+    def match(self, request: FlowTraits) -> FlowSchema | None:
         """The first schema, in matching order, that matches the request (``None``: no schema)."""
-        return first_match(
-            self.flow_schemas,
-            resource=resource,
-            host=host,
-            operation=operation,
-            user_agent=user_agent,
-            headers=headers,
-        )
+        return first_match(self.flow_schemas, request)
 
 
 # --- reading YAML strictly -------------------------------------------------------------------

@@ -39,8 +39,8 @@ from kuikproxy.config.process import (
     StateSettings,
 )
 from kuikproxy.config.registry import RegistrySettings
-from kuikproxy.core.memorybudget import Bound, MemoryBudget, split
 from kuikproxy.core.images import DOCKER_HUB, normalize_host
+from kuikproxy.core.memorybudget import Bound, MemoryBudget, split
 
 __all__ = ["DEFAULT_BLOCK", "PUBLIC_REGISTRIES", "Config"]
 
@@ -182,8 +182,9 @@ class Config:
         return self.registries[DEFAULT_BLOCK]
 
     def budget(self) -> MemoryBudget:
-        """``limits.memory`` split into the bounds a client can fill (:mod:`kuikproxy.core.memorybudget`):
-        those written in the config as written, the others sized from what they leave."""
+        """``limits.memory`` split into the bounds a client can fill
+        (:mod:`kuikproxy.core.memorybudget`): those written in the config as written, the
+        others sized from what they leave."""
         limits, cache = self.limits, self.cache
         settings = {
             Bound.IMAGES: limits.max_images,

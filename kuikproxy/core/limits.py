@@ -12,7 +12,8 @@ ring entry. Retention (P8) drops what nobody asks for any more, but only after
 * ``maxRingImages``: the images of one ring;
 * ``maxHeld``: the requests held for their windows, over every host.
 
-Each is sized from the memory budget unless the config writes it (:mod:`kuikproxy.core.memorybudget`).
+Each is sized from the memory budget unless the config writes it
+(:mod:`kuikproxy.core.memorybudget`).
 
 A request that would pass a limit is refused (:class:`Refuse`); what already has state keeps
 working. :class:`Census` counts the resources and images across hosts: the schedulers of every

@@ -13,24 +13,24 @@ from kuikproxy.fleet.backend import FleetBackend
 async def join(settings: FleetSettings) -> FleetBackend:
     # redis-py is imported here only: a proxy without a fleet never loads it
     from kuikproxy.fleet.redis import RedisFleet
+    from kuikproxy.fleet.redisstore import RedisStore
 
     redis = settings.redis
-    # a pod's host name is its name: unique in the fleet, and the same after a restart, so a
-    # restarted proxy takes its place in the turns rather than adding one
-    name = settings.name or socket.gethostname()
-    return await RedisFleet.connect(
-        redis.url,
-        name,
-        password=await _secret(redis.password_file),
-        tls_ca_file=redis.tls_ca_file,
+    store = RedisStore(
+        url=redis.url,
         cluster=redis.cluster,
         sentinels=redis.sentinel_addresses(),
         master_name=redis.master_name,
         username=redis.username,
+        password=await _secret(redis.password_file),
         sentinel_password=await _secret(redis.sentinel_password_file),
         tls=redis.tls,
-        confirmed_by=redis.confirmed_by,
+        tls_ca_file=redis.tls_ca_file,
     )
+    # a pod's host name is its name: unique in the fleet, and the same after a restart, so a
+    # restarted proxy takes its place in the turns rather than adding one
+    name = settings.name or socket.gethostname()
+    return await RedisFleet.connect(store, name, confirmed_by=redis.confirmed_by)
 
 
 async def _secret(path: str | None) -> str | None:

@@ -268,39 +268,13 @@ class RedisFleet:
 
     @classmethod
     async def connect(
-        cls,
-        url: str | None,
-        name: str,
-        *,
-        password: str | None = None,
-        tls_ca_file: str | None = None,
-        key_prefix: str = "kuikproxy:",
-        cluster: bool = False,
-        sentinels: tuple[tuple[str, int], ...] = (),
-        master_name: str | None = None,
-        username: str | None = None,
-        sentinel_password: str | None = None,
-        tls: bool = False,
-        confirmed_by: int = 0,
+        cls, store: RedisStore, name: str, *, key_prefix: str = "kuikproxy:", confirmed_by: int = 0
     ) -> RedisFleet:
-        """A fleet on the Redis at ``url`` (``redis://`` or, for TLS, ``rediss://``; a password
-        in the URL wins over ``password``; with ``cluster``, a node of a Redis Cluster), or on
-        the master ``sentinels`` name ``master_name`` (no ``url``; ``tls`` then turns TLS on).
-        Returns even when Redis cannot be reached yet: the calls then raise
-        :class:`FleetUnavailable` until it can, so a proxy starts alone and joins when the
-        store answers. A malformed URL or option is a ``ValueError``."""
-        where = RedisStore(
-            url=url,
-            cluster=cluster,
-            sentinels=sentinels,
-            master_name=master_name,
-            username=username,
-            password=password,
-            sentinel_password=sentinel_password,
-            tls=tls,
-            tls_ca_file=tls_ca_file,
-        )
-        fleet = cls(OpenStore(where), name, key_prefix)
+        """A fleet on ``store``'s Redis, this proxy as ``name``. Returns even when Redis cannot
+        be reached yet: the calls then raise :class:`FleetUnavailable` until it can, so a proxy
+        starts alone and joins when the store answers. A malformed URL or option is a
+        ``ValueError``."""
+        fleet = cls(OpenStore(store), name, key_prefix)
         fleet._confirmed_by = confirmed_by
         try:
             await fleet.size()  # the first heartbeat: this proxy counts from now

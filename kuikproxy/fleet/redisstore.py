@@ -35,7 +35,8 @@ Client = redis.asyncio.Redis | RedisCluster
 @dataclass(frozen=True, slots=True)
 class RedisStore:
     """Where the fleet's Redis is and how to sign in to it (passwords read already): ``url``
-    (with ``cluster``, a node of a Redis Cluster), or ``sentinels`` and ``master_name``."""
+    (``redis://`` or, for TLS, ``rediss://``; with ``cluster``, a node of a Redis Cluster), or
+    the master ``sentinels`` name ``master_name`` (no ``url``; ``tls`` then turns TLS on)."""
 
     url: str | None = None
     cluster: bool = False

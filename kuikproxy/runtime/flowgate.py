@@ -29,6 +29,7 @@ from kuikproxy.config import FlowControl as FlowSettings
 from kuikproxy.core.flowcontrol import (
     FlowMachine,
     FlowOperation,
+    FlowTraits,
     LevelType,
     LevelView,
     Place,
@@ -132,14 +133,8 @@ class FlowGate:
         user_agent: str,
         headers: Mapping[str, str] | None = None,
     ) -> Flow:
-        schema = first_match(
-            self.settings.flow_schemas,
-            resource=resource,
-            host=host,
-            operation=operation,
-            user_agent=user_agent,
-            headers=headers,
-        )
+        request = FlowTraits(resource, host, operation, user_agent, headers)
+        schema = first_match(self.settings.flow_schemas, request)
         # catch-all matches every request, and a configured catch-all must match too (it
         # replaces the built-in one by name), so a schema is always found
         assert schema is not None

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Collection, Iterator
 from contextlib import asynccontextmanager
 
 from kuikproxy.config import Config
-from kuikproxy.core.memorybudget import Bound
 from kuikproxy.core.limits import Census, Limit, Limits, admits_host
+from kuikproxy.core.memorybudget import Bound
 from kuikproxy.core.quota import QuotaSnapshot
 from kuikproxy.core.ringstate import RingState
 from kuikproxy.core.scheduler import HostScheduler

@@ -15,8 +15,8 @@ import itertools
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from kuikproxy.core.memorybudget import Bound, MemoryBudget
 from kuikproxy.core.flowcontrol import LevelView
+from kuikproxy.core.memorybudget import Bound, MemoryBudget
 from kuikproxy.core.quota import QuotaSnapshot
 from kuikproxy.core.scheduler import HostScheduler
 from kuikproxy.core.tickets import Operation

@@ -19,6 +19,7 @@ from kuikproxy.config import (
     load_config,
     parse_config,
 )
+from kuikproxy.core.flowcontrol import FlowTraits
 from kuikproxy.core.memorybudget import Bound
 from kuikproxy.errors import ConfigError
 
@@ -444,7 +445,7 @@ def test_example_config_quota_and_flow_control() -> None:
         "copies",
         "catch-all",
     ]
-    match = flow.match(resource="ImageMonitor/default/web", host="docker.io", operation="check")
+    match = flow.match(FlowTraits("ImageMonitor/default/web", "docker.io", "check"))
     assert match is not None
     assert match.priority_level == "monitoring"
 

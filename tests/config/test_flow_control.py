@@ -25,6 +25,7 @@ from kuikproxy.config import (
     load_config,
     parse_config,
 )
+from kuikproxy.core.flowcontrol import FlowTraits
 from kuikproxy.errors import ConfigError
 
 LEVEL = "flowControl:\n  priorityLevels:\n    - "
@@ -107,7 +108,7 @@ def test_baseline_schemas() -> None:
 def test_baseline_classifies_by_operation(operation: str, level: str) -> None:
     """The baseline sends each operation to its own level."""
     flow = load_config(None).flow_control
-    match = flow.match(resource="Pod/default/web", host="docker.io", operation=operation)  # type: ignore[arg-type]
+    match = flow.match(FlowTraits("Pod/default/web", "docker.io", operation))  # type: ignore[arg-type]
     assert match is not None
     assert match.priority_level == level
 
@@ -159,7 +160,7 @@ def test_schemas_sorted_by_precedence_then_name() -> None:
         ("copies", 8000),
         ("catch-all", 10000),
     ]
-    assert flow.match(resource="r", host="h", operation="check") == flow.flow_schemas[1]
+    assert flow.match(FlowTraits("r", "h", "check")) == flow.flow_schemas[1]
     assert flow.flow_schemas[1].priority_level == "copies"
 
 
@@ -596,7 +597,7 @@ def test_rule_matchers() -> None:
         "user_agent": "kuik/3.0",
         "headers": {"kuik-priority": "lowest", "X-Team": "a"},
     }
-    assert rule.matches(**good)  # type: ignore[arg-type]
+    assert rule.matches(FlowTraits(**good))  # type: ignore[arg-type]
     for key, value in [
         ("resource", "Pod/default/web"),
         ("host", "ghcr.io"),
@@ -606,8 +607,8 @@ def test_rule_matchers() -> None:
         ("headers", {"Kuik-Priority": "low"}),  # every header must match
         ("headers", {"Kuik-Priority": "LOW", "X-Team": "a"}),  # values are exact
     ]:
-        assert not rule.matches(**{**good, key: value}), key  # type: ignore[arg-type]
-    assert FlowRule().matches(resource="", host="x", operation="unpaced")
+        assert not rule.matches(FlowTraits(**{**good, key: value})), key  # type: ignore[arg-type]
+    assert FlowRule().matches(FlowTraits("", "x", "unpaced"))
 
 
 def test_first_matching_schema_wins() -> None:
@@ -623,10 +624,12 @@ def test_first_matching_schema_wins() -> None:
 
     def level(resource: str, operation: str, **headers: str) -> str | None:
         match = flow.match(
-            resource=resource,
-            host="docker.io",
-            operation=operation,  # type: ignore[arg-type]
-            headers={k.replace("_", "-"): v for k, v in headers.items()},
+            FlowTraits(
+                resource=resource,
+                host="docker.io",
+                operation=operation,  # type: ignore[arg-type]
+                headers={k.replace("_", "-"): v for k, v in headers.items()},
+            )
         )
         return None if match is None else match.priority_level
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from kuikproxy.fleet.redis import RedisFleet
+from kuikproxy.fleet.redisstore import RedisStore
 from tests.certs import Authority, cert_pem
 
 REDIS_SERVER = shutil.which("redis-server")
@@ -150,8 +151,18 @@ async def fleet(redis_server: RedisServer) -> AsyncIterator[FleetFactory]:
     ``url``); every one is closed at the end."""
     made: list[RedisFleet] = []
 
-    async def join(name: str, url: str | None = None, **options: Any) -> RedisFleet:
-        proxy = await RedisFleet.connect(url or redis_server.url, name, **options)
+    async def join(
+        name: str,
+        url: str | None = None,
+        *,
+        key_prefix: str = "kuikproxy:",
+        confirmed_by: int = 0,
+        **where: Any,
+    ) -> RedisFleet:
+        store = RedisStore(url=url or redis_server.url, **where)
+        proxy = await RedisFleet.connect(
+            store, name, key_prefix=key_prefix, confirmed_by=confirmed_by
+        )
         made.append(proxy)
         return proxy
 

@@ -37,6 +37,17 @@ MAX_MATCHING_PRECEDENCE = 10_000
 
 
 @dataclass(frozen=True, slots=True)
+class FlowTraits:
+    """What the flow schemas see of a request."""
+
+    resource: str
+    host: str
+    operation: FlowOperation
+    user_agent: str = ""
+    headers: Mapping[str, str] | None = None  # None: the schemas read no other header
+
+
+@dataclass(frozen=True, slots=True)
 class HeaderMatch:
     """A header (name case-insensitive) whose value is exactly one of ``values``."""
 
@@ -69,25 +80,18 @@ class FlowRule:
     operations: tuple[FlowOperation, ...] | None = None
     """``check``, ``copy`` or ``unpaced`` (SPEC §4.3)."""
 
-    def matches(
-        self,
-        *,
-        resource: str,
-        host: str,
-        operation: FlowOperation,
-        user_agent: str = "",
-        headers: Mapping[str, str] | None = None,
-    ) -> bool:
+    def matches(self, request: FlowTraits) -> bool:
         """Whether a request with these traits matches every matcher this rule sets."""
-        if self.operations and operation not in self.operations:
+        if self.operations and request.operation not in self.operations:
             return False
-        if self.resources and not _any_glob(resource, self.resources):
+        if self.resources and not _any_glob(request.resource, self.resources):
             return False
-        if self.hosts and not _any_glob(host.lower(), self.hosts):
+        if self.hosts and not _any_glob(request.host.lower(), self.hosts):
             return False
-        if self.user_agents and not _any_glob(user_agent, self.user_agents):
+        if self.user_agents and not _any_glob(request.user_agent, self.user_agents):
             return False
-        return all(header.matches(headers or {}) for header in self.headers or ())
+        headers = request.headers or {}
+        return all(header.matches(headers) for header in self.headers or ())
 
 
 def _any_glob(value: str, patterns: tuple[str, ...]) -> bool:
@@ -129,26 +133,9 @@ class FlowSchema:
         """The name of the level its requests go to."""
         return self.priority_level_configuration.name
 
-    def matches(
-        self,
-        *,
-        resource: str,
-        host: str,
-        operation: FlowOperation,
-        user_agent: str = "",
-        headers: Mapping[str, str] | None = None,
-    ) -> bool:
+    def matches(self, request: FlowTraits) -> bool:
         """Whether any of the schema's rules matches the request."""
-        return any(
-            rule.matches(
-                resource=resource,
-                host=host,
-                operation=operation,
-                user_agent=user_agent,
-                headers=headers,
-            )
-            for rule in self.rules
-        )
+        return any(rule.matches(request) for rule in self.rules)
 
     def flow(self, resource: str, host: str) -> str:
         """The flow a request of this schema belongs to (its distinguisher's value)."""
@@ -158,26 +145,9 @@ class FlowSchema:
         return flow_id(self.name, resource if method.type == "ByResource" else host)
 
 
-def first_match(
-    schemas: Iterable[FlowSchema],
-    *,
-    resource: str,
-    host: str,
-    operation: FlowOperation,
-    user_agent: str = "",
-    headers: Mapping[str, str] | None = None,
-) -> FlowSchema | None:
+def first_match(schemas: Iterable[FlowSchema], request: FlowTraits) -> FlowSchema | None:
     """The first of ``schemas`` (in matching order) that matches the request, if any."""
-    for schema in schemas:
-        if schema.matches(
-            resource=resource,
-            host=host,
-            operation=operation,
-            user_agent=user_agent,
-            headers=headers,
-        ):
-            return schema
-    return None
+    return next((schema for schema in schemas if schema.matches(request)), None)
 
 
 def reads_headers(schemas: Iterable[FlowSchema]) -> bool:
