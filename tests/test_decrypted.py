@@ -191,7 +191,7 @@ async def interleave(total: int, steps: list[Step]) -> None:
             buffer[:n] = plaintext[sent : sent + n]
             sent += n
             body.buffer_updated(n)
-        elif kind == "take" and body._ready:
+        elif kind == "take" and body.pieces:
             piece = body.next_piece()
             got.extend(piece)
             held.append(piece)

@@ -9,10 +9,10 @@ Keys sit in sorted chunks of at most ``2 × _CHUNK`` with a list of each chunk's
 :mod:`kuikproxy.core.sortedset`: a lookup is two bisects.
 
 Why rows for a few: a chunk is a list and five arrays, ~600 B before its first image, and most
-resources track one image or a few. Up to ``_FEW`` images a ring keeps them as rows of one list
+resources track one image or a few. Up to ``FEW`` images a ring keeps them as rows of one list
 sorted by key — key (the request's ``str``), lap, seq, asked, answered, walked past — ~100 B for
-one image besides its key and floats. Past ``_FEW`` it turns to columns, and back to rows when an
-expiry leaves ``_FEW // 2``: a ring whose size hovers at ``_FEW`` does not convert at every ask.
+one image besides its key and floats. Past ``FEW`` it turns to columns, and back to rows when an
+expiry leaves ``FEW // 2``: a ring whose size hovers at ``FEW`` does not convert at every ask.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from kuikproxy.core.ringstate import UNSET, EntryState, Row
 from kuikproxy.core.sharedreads import SharedReads
 
 _CHUNK = 512
-_FEW = 8  # at least 1
-_W = 6  # a row's width: key, lap, seq, asked, answered, passed
-_LAP, _SEQ, _ASKED, _ANSWERED, _PASSED = range(1, _W)
+FEW = 8  # at least 1
+ROW_WIDTH = 6  # a row's width: key, lap, seq, asked, answered, passed
+_LAP, _SEQ, _ASKED, _ANSWERED, _PASSED = range(1, ROW_WIDTH)
 _NUMBERS = ("laps", "seqs", "asked", "answered", "passed")  # a chunk's arrays: "iIddd"
 _SEQ_LIMIT = 2**32 - 1  # seqs are unsigned 32-bit: renumbered, in order, before they overflow
 
@@ -47,14 +47,14 @@ Waiting = tuple[int, int, Chunk | None, int]
 _NO_ROWS: list[Any] = []
 _NO_CHUNKS: list[Chunk] = []
 _NO_MAXES: list[bytes] = []
-_ROW_SPOTS = [(None, n * _W) for n in range(_FEW)]
+ROW_SPOTS = [(None, n * ROW_WIDTH) for n in range(FEW)]
 
 
 class Table:
     __slots__ = ("_hit", "_hit_key", "_seq", "_size", "chunks", "maxes", "rows", "version")
 
     def __init__(self) -> None:
-        self.rows = _NO_ROWS  # while chunks is empty: no image, or at most _FEW
+        self.rows = _NO_ROWS  # while chunks is empty: no image, or at most FEW
         self.chunks = _NO_CHUNKS
         self.maxes = _NO_MAXES
         self._size = self._seq = 0
@@ -70,11 +70,11 @@ class Table:
         if key == self._hit_key:
             return self._hit
         if not self.chunks:
-            keys = self.rows[::_W]
+            keys = self.rows[::ROW_WIDTH]
             n = bisect_left(keys, key)
             if n == len(keys) or keys[n] != key:
                 return None
-            self._hit_key, self._hit = keys[n], _ROW_SPOTS[n]  # nothing more to keep
+            self._hit_key, self._hit = keys[n], ROW_SPOTS[n]  # nothing more to keep
             return self._hit
         raw = key.encode()
         i = bisect_left(self.maxes, raw)
@@ -91,7 +91,7 @@ class Table:
 
     def remember(self, key: str, spot: Spot) -> None:
         """``key`` is at ``spot`` (a ring knew): the next lookup finds it at once."""
-        if spot[0] is not None:  # rows: a lookup is as cheap, and _ROW_SPOTS keeps nothing
+        if spot[0] is not None:  # rows: a lookup is as cheap, and ROW_SPOTS keeps nothing
             self._hit_key, self._hit = key, spot
 
     def lap(self, spot: Spot) -> int:
@@ -148,7 +148,7 @@ class Table:
 
     def _renumber(self) -> None:
         rows = self.rows
-        for n, at in enumerate(sorted(range(_SEQ, len(rows), _W), key=rows.__getitem__)):
+        for n, at in enumerate(sorted(range(_SEQ, len(rows), ROW_WIDTH), key=rows.__getitem__)):
             rows[at] = n
         order = sorted((s, c, j) for c in self.chunks for j, s in enumerate(c.seqs))
         for n, (_, chunk, j) in enumerate(order):
@@ -174,12 +174,12 @@ class Table:
         seq = self._next_seq()
         self._size += 1
         if not self.chunks:
-            if self._size <= _FEW:
-                n = bisect_left(self.rows[::_W], key) * _W
+            if self._size <= FEW:
+                n = bisect_left(self.rows[::ROW_WIDTH], key) * ROW_WIDTH
                 row = [key, -1, seq, asked, UNSET, UNSET]
                 self.rows = self.rows[:n] + row + self.rows[n:]  # its own list, no room to spare
                 return
-            self._fill(self._columns(), rows=False)  # grown past _FEW (and _FEW > 0)
+            self._fill(self._columns(), rows=False)  # grown past FEW (and FEW > 0)
         raw = key.encode()
         i = min(bisect_left(self.maxes, raw), len(self.maxes) - 1)
         chunk = self.chunks[i]
@@ -199,7 +199,7 @@ class Table:
     def _columns(self) -> list[Seq[Any]]:
         """Every image's key as stored, lap, seq, asked, answered and passed, in key order."""
         if not self.chunks:
-            return [self.rows[c::_W] for c in range(_W)]
+            return [self.rows[c::ROW_WIDTH] for c in range(ROW_WIDTH)]
         columns: list[Seq[Any]] = [[k for c in self.chunks for k in c.keys]]
         for name, code in zip(_NUMBERS, "iIddd", strict=True):
             column = array(code)
@@ -252,15 +252,15 @@ class Table:
                 column.extend(map(itemgetter(c), part))
         keys, laps, asked, answered = columns
         unset = array("d", [UNSET]) * len(rows)
-        self._fill([keys, laps, order, asked, answered, unset], rows=len(rows) <= _FEW)
+        self._fill([keys, laps, order, asked, answered, unset], rows=len(rows) <= FEW)
 
     def _remove(self, key: str) -> None:
         self._hit_key = self._hit = None
         self.version += 1
         self._size -= 1
         if not self.chunks:
-            n = bisect_left(self.rows[::_W], key) * _W
-            del self.rows[n : n + _W]
+            n = bisect_left(self.rows[::ROW_WIDTH], key) * ROW_WIDTH
+            del self.rows[n : n + ROW_WIDTH]
             return
         raw = key.encode()
         i = bisect_left(self.maxes, raw)
@@ -280,8 +280,8 @@ class Table:
         if self.chunks:
             chunk = min(self.chunks, key=lambda c: min(c.seqs))
             return chunk.asked[chunk.seqs.index(min(chunk.seqs))]
-        seqs = self.rows[_SEQ::_W]
-        return float(self.rows[seqs.index(min(seqs)) * _W + _ASKED]) if seqs else None
+        seqs = self.rows[_SEQ::ROW_WIDTH]
+        return float(self.rows[seqs.index(min(seqs)) * ROW_WIDTH + _ASKED]) if seqs else None
 
     def expire(
         self, before: float, now: float, waiting: Collection[str]
@@ -291,7 +291,9 @@ class Table:
         returned second."""
         rows = self.rows
         old: list[tuple[int, str | bytes]] = [
-            (rows[n + _SEQ], rows[n]) for n in range(0, len(rows), _W) if rows[n + _ASKED] < before
+            (rows[n + _SEQ], rows[n])
+            for n in range(0, len(rows), ROW_WIDTH)
+            if rows[n + _ASKED] < before
         ]
         for chunk in self.chunks:
             if min(chunk.asked) < before:
@@ -309,7 +311,7 @@ class Table:
             else:
                 self._remove(key)
                 gone.append(key)
-        if self.chunks and self._size <= _FEW // 2:
+        if self.chunks and self._size <= FEW // 2:
             self._fill(self._columns(), rows=True)
         return gone, renewed
 
@@ -326,7 +328,7 @@ class Table:
     def rank(self, key: str) -> int:
         """How many images are before ``key``; O(number of chunks)."""
         if not self.chunks:
-            return bisect_left(self.rows[::_W], key)
+            return bisect_left(self.rows[::ROW_WIDTH], key)
         raw = key.encode()
         i = bisect_left(self.maxes, raw)
         before = sum(len(chunk.keys) for chunk in self.chunks[:i])
@@ -343,8 +345,8 @@ class Table:
         only shorten. Images done in ``lap``, or read for everyone since the walk last went
         past them (``spared``), are stepped over; the next one is returned, not marked."""
         rows = self.rows
-        start = 0 if after is None else bisect_right(rows[::_W], after) * _W
-        for n in range(start, len(rows), _W):
+        start = 0 if after is None else bisect_right(rows[::ROW_WIDTH], after) * ROW_WIDTH
+        for n in range(start, len(rows), ROW_WIDTH):
             if rows[n + _LAP] < lap:
                 read = None if shared is None else shared.get(rows[n], now)
                 if read is None or read <= rows[n + _PASSED]:

@@ -283,11 +283,11 @@ def _append(
     if not items:
         return []
     if current is None:
-        return [{"op": "add", "path": _pointer(path), "value": items}]
-    return [{"op": "add", "path": _pointer((*path, "-")), "value": item} for item in items]
+        return [{"op": "add", "path": json_pointer(path), "value": items}]
+    return [{"op": "add", "path": json_pointer((*path, "-")), "value": item} for item in items]
 
 
-def _pointer(tokens: tuple[str | int, ...]) -> str:
+def json_pointer(tokens: tuple[str | int, ...]) -> str:
     """An RFC 6901 pointer: ``~`` and ``/`` in a token escaped, in that order."""
     return "".join("/" + str(token).replace("~", "~0").replace("/", "~1") for token in tokens)
 

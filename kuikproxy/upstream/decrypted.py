@@ -124,6 +124,11 @@ class Decrypted(asyncio.BufferedProtocol):
 
     # --- the thread's side -----------------------------------------------------------------
 
+    @property
+    def pieces(self) -> int:
+        """Pieces decrypted and not yet taken: :meth:`next_piece` returns at once when any."""
+        return len(self._ready)
+
     def next_piece(self) -> memoryview:
         """The next piece (at least a byte), in a buffer of the ring: it stays the thread's
         until :meth:`release`\\ d. Errors are :class:`~kuikproxy.errors.UpstreamError`\\ s."""

@@ -189,11 +189,11 @@ def test_p13_a_waiting_image_kept_past_retention_is_a_change() -> None:
     is written too."""
     t = Timeline.start(0.0, check_interval=MIN, retention=30.0)
     t.sched.track_changes()
-    t.ask("A", "app/a:1", 0.0)
-    t.sched._check_ready.discard("A")  # nobody's turn: the request keeps waiting
+    t.ask("Z", "app/a:1", 0.0)
+    t.ask("A", "app/b:1", 0.0)  # the first turn (P4): Z keeps waiting through the window
     t.sched.changes()
-    t.window()
-    [(_, changes)] = t.sched.changes()
+    assert t.window().read is not None and t.reads[-1].image.key == "app/b:1"
+    changes = dict(t.sched.changes())["Z"]
     assert changes.entries == (EntryState("app/a:1", MIN, None, -1),)
 
 

@@ -1,6 +1,6 @@
-"""A ring of a few images kept as rows (ringtable ``_FEW``): the same decisions as by column,
-whichever way a ring switches — past ``_FEW`` images to columns, back to rows when an expiry
-leaves ``_FEW // 2`` — and a one-image ring cheaper than the ring of dict entries it replaced."""
+"""A ring of a few images kept as rows (ringtable ``FEW``): the same decisions as by column,
+whichever way a ring switches — past ``FEW`` images to columns, back to rows when an expiry
+leaves ``FEW // 2`` — and a one-image ring cheaper than the ring of dict entries it replaced."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ ALWAYS_ROWS = 1000  # more than any ring here holds
 @contextmanager
 def few(n: int) -> Iterator[None]:
     """Rings of at most ``n`` images kept as rows (1: columns from the second image on)."""
-    spots = [(None, k * ringtable._W) for k in range(n)]
-    with mock.patch.object(ringtable, "_FEW", n), mock.patch.object(ringtable, "_ROW_SPOTS", spots):
+    spots = [(None, k * ringtable.ROW_WIDTH) for k in range(n)]
+    with mock.patch.object(ringtable, "FEW", n), mock.patch.object(ringtable, "ROW_SPOTS", spots):
         yield
 
 
@@ -83,15 +83,15 @@ def test_rows_and_columns_decide_alike(
     show and save the same rings, and tell a state file the same changes."""
     with few(ALWAYS_ROWS):
         always = play(plan, prefetch, max_age)
-    for n in (1, 2, ringtable._FEW):
+    for n in (1, 2, ringtable.FEW):
         with few(n):
             assert play(plan, prefetch, max_age) == always
 
 
 def test_a_ring_turns_to_columns_past_few_and_back_to_rows_after_an_expiry() -> None:
-    """Grown one image at a time past ``_FEW``, then expired down to ``_FEW // 2``: rows,
+    """Grown one image at a time past ``FEW``, then expired down to ``FEW // 2``: rows,
     columns, rows again, and at every step the ring a ring kept as rows would be."""
-    n = ringtable._FEW
+    n = ringtable.FEW
     ring, model = Ring(), Ring()
 
     def both(op: str, *args: object) -> object:
@@ -120,7 +120,7 @@ def test_a_ring_turns_to_columns_past_few_and_back_to_rows_after_an_expiry() -> 
     assert both("previous_read", keys[-1]) == 101.0 and both("answered_in_lap", keys[-1])
     for k in range(3):
         both("take", float(400 + k), True)
-    for key in images(n + 1):  # and past _FEW again, from rows that were columns once
+    for key in images(n + 1):  # and past FEW again, from rows that were columns once
         both("ask", key, 500.0)
     assert not rows(ring)
 

@@ -161,7 +161,7 @@ def test_many_identities_stay_bounded() -> None:
     for n in range(5000):
         assert buckets.take([READ], f"id{n}", n * 0.001) == 0.0
         assert len(buckets) <= 50
-    assert len(buckets._full) <= 2 * 50 + 64 + 1
+    assert buckets.refills <= 2 * 50 + 64 + 1
 
 
 def test_shared_buckets_take_all_or_none_and_refill() -> None:

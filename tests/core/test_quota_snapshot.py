@@ -61,7 +61,7 @@ def test_throttle_identities_are_bounded() -> None:
     for name in ("b", "c", "d", "e"):
         throttle.answered(200, retry_after=None, ratelimit=None, identity=name, now=1.0)
     assert throttle.blocked_until(2.0, "a") == 100.0  # the blocked one was kept
-    assert len(throttle._identities) == 3
+    assert len(throttle) == 3
 
 
 def test_restored_block_is_kept_and_shown() -> None:

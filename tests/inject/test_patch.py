@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kuikproxy.errors import ConfigError
-from kuikproxy.inject.patch import NO_PROXY, Injection, SidecarSettings, _pointer, plan
+from kuikproxy.inject.patch import NO_PROXY, Injection, SidecarSettings, json_pointer, plan
 from kuikproxy.inject.review import Review, admit
 from tests.inject.jsonpatch import apply
 from tests.inject.pods import SETTINGS, kuik_review
@@ -314,7 +314,7 @@ def test_names_in_warnings_are_cut_short() -> None:
 
 def test_pointer_tokens_are_escaped() -> None:
     """RFC 6901: `~` becomes `~0` before `/` becomes `~1`, so `~1` in a name stays itself."""
-    assert _pointer(("metadata", "annotations", "kuikproxy.io/a~1b", 0, "-")) == (
+    assert json_pointer(("metadata", "annotations", "kuikproxy.io/a~1b", 0, "-")) == (
         "/metadata/annotations/kuikproxy.io~1a~01b/0/-"
     )
 

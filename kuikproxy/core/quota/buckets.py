@@ -202,6 +202,12 @@ class Buckets:
         """How many identities have buckets (full ones may have been forgotten)."""
         return len(self._identities)
 
+    @property
+    def refills(self) -> int:
+        """Entries of the heap of when identities' buckets are full again, stale ones included:
+        rebuilt past twice the identities (plus 64), so a burst of new names cannot grow it."""
+        return len(self._full)
+
     def _chosen(self, categories: Iterable[Category], identity: str) -> Iterator[TokenBucket]:
         entry = self._identities.get(identity)
         for category in categories:

@@ -199,6 +199,10 @@ class Throttle:
         self.last_remaining: int | None = None  # on any answer, to any identity
         self._identities: OrderedDict[str, _State] = OrderedDict()
 
+    def __len__(self) -> int:
+        """How many identities have throttle state of their own (``max_identities`` at most)."""
+        return len(self._identities)
+
     def _scope(self, identity: str | None) -> str | None:
         return identity if self.per_identity else None
 
