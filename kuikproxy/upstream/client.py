@@ -160,8 +160,11 @@ class _AiohttpResponse:
         self.headers = response.headers
         self._detached = False
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        self._fix_receive(RECEIVE)
+    def chunks(self) -> AsyncIterator[bytes]:
+        self._fix_receive(RECEIVE)  # a body relayed as it comes; one read whole needs no more
+        return self._arriving()
+
+    async def _arriving(self) -> AsyncIterator[bytes]:
         try:
             # whatever has arrived, as it arrives: re-cutting into fixed chunks costs a write
             # per chunk on the way out (measured: a third of blob throughput)
@@ -174,7 +177,7 @@ class _AiohttpResponse:
 
     async def read(self, limit: int) -> bytes:
         body = bytearray()
-        async for chunk in self.chunks():
+        async for chunk in self._arriving():
             body += chunk
             if len(body) > limit:
                 raise UpstreamUnreachable(f"{self._what}: answer larger than {limit} bytes")
