@@ -19,7 +19,7 @@ from typing import Any
 
 from kuikproxy.core.digests import content_of
 from kuikproxy.core.images import BLOBS, MANIFESTS
-from kuikproxy.core.stored import outage, serves_stale
+from kuikproxy.core.stored import outage
 from kuikproxy.core.tickets import Operation
 from kuikproxy.errors import (
     RegistryError,
@@ -36,15 +36,7 @@ from kuikproxy.runtime.heldread import HeldRead, not_idle, prove
 from kuikproxy.runtime.host import Admitted
 from kuikproxy.runtime.hosts import Hosts
 from kuikproxy.runtime.kept import Unserved
-from kuikproxy.runtime.messages import (
-    KUIK_RESOURCE,
-    Answer,
-    Body,
-    Go,
-    Opened,
-    RegistryRequest,
-    Reply,
-)
+from kuikproxy.runtime.messages import Answer, Body, Go, Opened, RegistryRequest, Reply
 from kuikproxy.runtime.parking import Waiter
 from kuikproxy.runtime.pullthrough import PullThrough, stored_by_digest
 from kuikproxy.runtime.relayroom import FOLLOWING, ON_THE_LOOP, THREADED
@@ -166,9 +158,7 @@ class ClientRead:
                 return stored
         # only a manifest by tag is ever stale: the rest pays nothing for it
         stale = image.route == MANIFESTS and not image.by_digest
-        now = self._services.loop.time()
-        blocked = stale and self._hosts.blocked_until(request.host, now) is not None
-        if blocked and (kept := self._stale(cache)) is not None:
+        if stale and self._cannot_ask() and (kept := self._stale(cache)) is not None:
             return kept
         try:
             reply = await self._reply()
@@ -180,16 +170,22 @@ class ClientRead:
             return kept  # a gateway that could not reach the registry, or it is down
         return self._kept(cache, reply)
 
+    def _cannot_ask(self) -> bool:
+        """Whether its registry may not be asked now: blocked (§11), or this proxy cut off from
+        its fleet and waiting for it (``fleet.whenCutOff: wait``)."""
+        host, fleet = self._request.host, fleet_of(self._services, self._request.host)
+        blocked = self._hosts.blocked_until(host, self._services.loop.time()) is not None
+        return blocked or (fleet is not None and fleet.cut_off)
+
     def _stale(self, cache: PullThrough) -> Reply | None:
         """The stored manifest the request's tag last named, however old, when ``serveStale``
         lets this request have it while its registry cannot be asked (§15)."""
         request = self._request
-        setting = self._services.config.registry(request.host).serve_stale
-        check = request.operation is Operation.CHECK
-        if not serves_stale(setting, check, request.header(KUIK_RESOURCE) is not None):
+        answer = cache.stale(request, self._services.config.registry(request.host).serve_stale)
+        if answer is None:
             return None
-        answer = cache.stale(self._request)
-        return None if answer is None else Reply(answer=answer, hit=True, stale=True)
+        cache.counts.stale += 1
+        return Reply(answer=answer, hit=True, stale=True)
 
     async def _stored(self, cache: PullThrough) -> Reply | None:
         """``request``'s content from the store or a fill under way, or what another client's

@@ -149,6 +149,12 @@ class FleetLink:
         self._up()
         return None if turns.claimed(claim, window, interval, self.loop.time()) else Outcome.FLEET
 
+    @property
+    def cut_off(self) -> bool:
+        """Whether this proxy uses no window for now: the store is out of reach, and it waits
+        for it (``whenCutOff: wait``)."""
+        return self.wait and not self.connected
+
     async def block(self, host: str, until: float) -> None:
         """A registry blocked ``host`` (loop time) for this proxy: the fleet's now."""
         try:

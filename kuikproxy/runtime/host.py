@@ -18,7 +18,7 @@ from kuikproxy.core.limits import Refuse
 from kuikproxy.core.scheduler import HostScheduler
 from kuikproxy.core.serving import outlasted
 from kuikproxy.core.tickets import Hold, Operation, Pass, Reuse, Ticket, WindowResult
-from kuikproxy.errors import RegistryError, TooManyRequests
+from kuikproxy.errors import RegistryError, TooManyRequests, UpstreamUnreachable
 from kuikproxy.runtime.budget import Budget
 from kuikproxy.runtime.fleet import FleetLink
 from kuikproxy.runtime.kept import Unserved
@@ -154,6 +154,15 @@ class Host:
     def block(self, until: float) -> None:
         """A block the fleet knows of (:class:`~kuikproxy.runtime.series.Owner`)."""
         self.budget.block(until)
+
+    def cut_off(self) -> None:
+        """A window lost to the fleet's store out of reach: the held pulls the store has a
+        stale answer for are let go to it (``serveStale``, §15) rather than wait for the
+        store; the others wait."""
+        cache, setting = self.services.cache, self.settings.serve_stale
+        if cache is not None and setting:
+            cut_off = UpstreamUnreachable(f"{self.name}: the fleet's store cannot be reached")
+            self.parking.fail(lambda _, request: cut_off if cache.stale(request, setting) else None)
 
     def opened(self, operation: Operation, result: WindowResult) -> None:
         """A window opened: standing asks whose turn was lost let go (P11), its read sent."""

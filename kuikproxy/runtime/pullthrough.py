@@ -23,12 +23,18 @@ from typing import Any
 from kuikproxy.blobs.store import BlobStore, BlobWriter, Stored, TagRecord
 from kuikproxy.core.images import BLOBS, MANIFESTS, Image
 from kuikproxy.core.reuse import accept_admits, owner_key
-from kuikproxy.core.stored import content_serves, manifest_type, owner_parts
+from kuikproxy.core.stored import (
+    ServeStale,
+    content_serves,
+    manifest_type,
+    owner_parts,
+    serves_stale,
+)
 from kuikproxy.core.tickets import Operation
 from kuikproxy.runtime.content import MAX_MANIFEST
 from kuikproxy.runtime.fills import Fill
 from kuikproxy.runtime.kept import KeptAnswers
-from kuikproxy.runtime.messages import Answer, Body, Opened, RegistryRequest
+from kuikproxy.runtime.messages import KUIK_RESOURCE, Answer, Body, Opened, RegistryRequest
 from kuikproxy.runtime.proofs import Proofs
 
 log = logging.getLogger(__name__)
@@ -183,16 +189,19 @@ class PullThrough:
             )  # fmt: skip
             self.store.tag(record)
 
-    def stale(self, request: RegistryRequest) -> Answer | None:
+    def stale(self, request: RegistryRequest, setting: ServeStale) -> Answer | None:
         """The newest stored manifest ``request``'s tag named that may serve it (R3, R5),
-        however old: for while its registry cannot be asked (``serveStale``)."""
+        however old, if its host's ``serveStale`` (``setting``) lets this request have one: for
+        while its registry cannot be asked. Counted as given by the one who gives it."""
         image = request.image
         if image.route != MANIFESTS or image.by_digest:
+            return None
+        from_kuik = request.header(KUIK_RESOURCE) is not None
+        if not serves_stale(setting, request.operation is Operation.CHECK, from_kuik):
             return None
         for record in self.store.tags(request.host, image.repository, image.reference):
             answer = self._answer(record)
             if answer is not None and answer.may_serve(request):
-                self.counts.stale += 1
                 return answer
         return None
 

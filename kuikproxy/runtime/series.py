@@ -33,6 +33,9 @@ class Owner(Protocol):
     def block(self, until: float) -> None:
         """Put a block the fleet knows of on the host."""
 
+    def cut_off(self) -> None:
+        """A window lost to the fleet's store out of reach, which this proxy waits for."""
+
     @property
     def history(self) -> WindowHistory:
         """Where its windows are written down (the status page's timeline)."""
@@ -161,6 +164,8 @@ class SeriesTimers:
             lost = Outcome.AWAY
         if lost is Outcome.AWAY:
             fleet.away += 1
+            if fleet.cut_off:
+                self.owner.cut_off()
         if lost is None:
             self.open(operation, now)
         else:

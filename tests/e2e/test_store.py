@@ -7,8 +7,9 @@ the strict ``examples/containerd/hosts.toml``.
   slow front (nginx, ``limit_rate``) so that their reads overlap. The registry is asked for
   each blob once.
 * **serveStale.** An image pulled once is pulled by tag again, by a fresh containerd, while the
-  registry is down, and while the registry has told kuikproxy to stop (429 with an hour's
-  ``Retry-After``): both succeed, from the store, and the registry hears nothing.
+  registry is down, while the registry has told kuikproxy to stop (429 with an hour's
+  ``Retry-After``), and while kuikproxy is cut off from its fleet's Redis (and waits for it):
+  all succeed, from the store, and the registry hears nothing.
 * **Crash and bounds.** kuikproxy SIGKILLed in the middle of a blob leaves nothing that is ever
   served: restarted on the same store, it reads the blob again; a flood of distinct blobs never
   takes the store's directory past ``maxBytes``.
@@ -56,6 +57,7 @@ from tests.e2e.peers import (
     render_example,
     run,
 )
+from tests.fleet.conftest import RedisServer
 
 pytestmark = pytest.mark.e2e
 
@@ -321,7 +323,12 @@ MAX_AGE = 0.5  # seconds: kept answers older than this must be asked again (R1)
 
 
 def pulled_once(
-    root: Path, start_proxy: StartProxy, stack: contextlib.ExitStack, *, front: bool
+    root: Path,
+    start_proxy: StartProxy,
+    stack: contextlib.ExitStack,
+    *,
+    front: bool,
+    top: dict[str, Any] | None = None,
 ) -> PulledOnce:
     registry = stack.enter_context(DistributionRegistry(root / "registry"))
     image = push_layered(registry, "stale/app", layers=3, size=512 * 1024)
@@ -329,7 +336,7 @@ def pulled_once(
     proxy = stack.enter_context(
         start_proxy(
             forwarder.url if forwarder is not None else registry.url,
-            top=with_store(root / "store", maxAge=f"{int(MAX_AGE * 1000)}ms"),
+            top=with_store(root / "store", maxAge=f"{int(MAX_AGE * 1000)}ms") | (top or {}),
             check={"maxHold": "300ms"},
             serveStale=True,
         )
@@ -403,6 +410,34 @@ def test_a_node_pulls_an_image_seen_before_while_the_registry_says_stop(
     assert len(once.registry.requests()) == asked
     assert store["stale"] >= 1, store
     assert check[0] == 429, check
+
+
+def test_a_node_pulls_an_image_seen_before_while_its_proxy_is_cut_off_from_the_fleet(
+    start_proxy: StartProxy, tmp_path: Path, stack: contextlib.ExitStack
+) -> None:
+    """A proxy of a fleet (``whenCutOff: wait``, the default) pulled the image once; then its
+    Redis is killed, and it uses no window until Redis is back. A fresh containerd pulls the
+    same tag: its ``HEAD`` waits for the window the proxy cannot claim and is answered stale
+    then, the rest comes from the disk, and the registry hears nothing. A tag never pulled
+    waits for the fleet, until ``check.maxHold`` refuses it."""
+    require_peers("containerd", "ctr", "redis-server")
+    redis = RedisServer(tmp_path / "redis")
+    redis.start()
+    stack.callback(redis.stop)
+    fleet = {"fleet": {"redis": {"url": redis.url}, "name": "p0"}}
+    once = pulled_once(tmp_path, start_proxy, stack, front=False, top=fleet)
+    proxy, asked = once.proxy, len(once.registry.requests())
+    redis.stop()
+
+    pulled = pull_afresh(tmp_path, once)
+    never = http(f"{proxy.url}/v2/{once.image.repository}/manifests/never?ns={REGISTRY}", "HEAD")
+    store, status = store_of(proxy), proxy.status()
+    print(f"\npulled cut off from the fleet in {pulled.seconds:.1f}s; store {store}")
+    assert status["fleet"]["connected"] is False, status["fleet"]
+    assert store["stale"] >= 1, store
+    assert store["reads"]["registry"] == len(once.image.blobs), store  # none since
+    assert len(once.registry.requests()) == asked
+    assert never[0] == 429, never  # it waited for the fleet through check.maxHold (P7)
 
 
 # --- 3. a kill in the middle of a blob; the bound -------------------------------------------

@@ -46,7 +46,8 @@ def fleet(
     """``fleet(n)``: n proxies of one fleet; ``fleet(n, state)`` on a given shared state,
     ``fleet(n, state, host)`` with more YAML for the host's block, ``kind`` the store's
     handles (a :class:`MemoryFleet` that misbehaves), ``cut_off`` ``fleet.whenCutOff``,
-    ``skews`` how far ahead each proxy's clock is (seconds) as it starts.
+    ``skews`` how far ahead each proxy's clock is (seconds) as it starts, ``top`` more YAML at
+    the config's top level.
 
     The wall clock is made to run with the loop's virtual one, as it does with a real loop:
     each proxy converts the fleet's wall times with its own offset, and real milliseconds
@@ -61,6 +62,7 @@ def fleet(
         kind: type = MemoryFleet,
         cut_off: str = "wait",
         skews: tuple[float, ...] = (),
+        top: str = "",
     ) -> list[Client]:
         loop = asyncio.get_running_loop()
         state = state or FleetState(clock=loop.time)
@@ -70,7 +72,7 @@ def fleet(
             monkeypatch.setattr(time, "time", lambda skew=skew: 1.8e9 + loop.time() + skew)
             config = parse_config(
                 f"fleet: {{redis: {{url: 'redis://127.0.0.1:1'}}, name: p{n}, "
-                f"whenCutOff: {cut_off}}}\n"
+                f"whenCutOff: {cut_off}}}\n{top}\n"
                 f"registries:\n  {HOST}:\n    upstream: http://127.0.0.1:{server.port}\n"
                 f"    check: {{interval: {INTERVAL * 1000:g}ms}}\n{host}"
             )
@@ -222,6 +224,47 @@ async def test_without_the_fleets_store_the_proxies_wait_for_it(
     assert {r.status for r in responses} == {200}
     assert len(fake.reads()) == 40
     assert min(gaps([s.at for s in fake.reads()])) >= INTERVAL - JITTER
+
+
+async def test_cut_off_a_proxy_answers_the_tags_its_store_holds_stale_and_waits_for_the_rest(
+    fleet: Start, registry: tuple[Registry, TestServer], tmp_path: Path
+) -> None:
+    """``serveStale`` while a proxy is cut off from the fleet's store (``whenCutOff: wait``):
+    a node's pull of a tag the store holds is answered stale — held when the store went away,
+    at the window it lost; arriving later, at once — and the registry is asked nothing; a kuik
+    check (``serveStale: true``, not ``checks``) and a tag never read wait for the store."""
+    fake, _ = registry
+    state = FleetState(clock=asyncio.get_running_loop().time)
+    store = f"cache: {{maxAge: 100ms, blobs: {{path: {str(tmp_path)!r}}}}}"
+    copy = f"    copy: {{interval: {INTERVAL * 1000:g}ms, idle: 100ms}}\n    serveStale: true\n"
+    [proxy] = await fleet(1, state, copy, top=store)
+    url = f"/v2/app/manifests/v1?ns={HOST}"
+    fresh = await proxy.get(url)
+    assert fresh.status == 200 and "Warning" not in fresh.headers
+    body = await fresh.read()
+    await asyncio.sleep(3 * INTERVAL)  # the kept answer past maxAge (R1), the copy closed
+    state.up = False
+    reads = len(fake.reads())
+    held = asyncio.ensure_future(proxy.head(url))  # a node's: parked for the next window
+    kuik = asyncio.ensure_future(proxy.head(url, headers={"Kuik-Resource": "ImageMonitor/a"}))
+    never = asyncio.ensure_future(proxy.head(f"/v2/app/manifests/v9?ns={HOST}"))
+    await asyncio.sleep(1.5 * INTERVAL)
+    assert held.done() and (await held).status == 200
+    assert (await held).headers["Warning"].startswith("110")
+    start = asyncio.get_running_loop().time()
+    later = await proxy.get(url)
+    assert asyncio.get_running_loop().time() - start < INTERVAL / 10  # not held
+    assert later.status == 200 and later.headers["Warning"].startswith("110")
+    assert await later.read() == body
+    await asyncio.sleep(5 * INTERVAL)
+    assert not kuik.done() and not never.done()
+    assert len(fake.reads()) == reads
+    status = await (await proxy.get("/status")).json()
+    assert status["cache"]["store"]["stale"] == 2
+    state.up = True
+    assert [(await r).status for r in (kuik, never)] == [200, 200]
+    assert "Warning" not in (await kuik).headers
+    assert len(fake.reads()) == reads + 2
 
 
 @pytest.mark.parametrize("cut_off", ["wait", "ownTurns"])
