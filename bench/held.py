@@ -5,7 +5,8 @@ Layout (everything on 127.0.0.1, nothing else is ever contacted):
 
 * this process runs kuikproxy in-process (``build_app`` under an ``AppRunner`` with
   ``handler_cancellation=True``) before a tiny upstream registry app, as
-  ``registries: {registry.test: {upstream: http://127.0.0.1:PORT, check: {interval: 100ms}}}``;
+  ``registries: {registry.test: {upstream: http://127.0.0.1:PORT, check: {interval: 100ms}}}``,
+  with ``limits.maxHeld`` the connections (more than the default memory budget's share);
 * a second process (this file, ``--client``) opens ``--connections`` raw TCP connections
   (asyncio streams) and sends on each ``HEAD /v2/app/manifests/v{i:05d}?ns=registry.test`` with
   ``Kuik-Resource: bench-{i % 100}``, then waits. When a window answers one, that connection asks
@@ -238,6 +239,8 @@ class Figures:
 async def bench_kuikproxy(connections: int, seconds: float, trace: bool) -> Figures:
     async with serve(upstream_app()) as upstream:
         config = parse_config(
+            # every connection held: more than the default budget's share holds (limits.maxHeld)
+            f"limits: {{maxHeld: {connections}}}\n"
             "registries:\n"
             f"  {HOST}:\n"
             f"    upstream: http://{LOOPBACK}:{site_port(upstream)}\n"

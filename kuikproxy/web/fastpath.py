@@ -45,6 +45,7 @@ from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from kuikproxy.allocator import read_small
 from kuikproxy.errors import RegistryError
 from kuikproxy.runtime.clientread import ClientRead
 from kuikproxy.runtime.messages import Answer, RegistryRequest
@@ -295,6 +296,10 @@ class Protocol(RequestHandler):
 
             request_handler = refuse
         return await super()._handle_request(request, start_time, request_handler)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        read_small(transport)  # a request's read from the heap, not a mapping each time
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._unwatch()  # its watch goes with it (a reset told by aiohttp, say)
