@@ -28,7 +28,7 @@ from kuikproxy.core.flowcontrol import LevelView
 from kuikproxy.core.quota import BucketView, QuotaSnapshot
 from kuikproxy.core.tickets import Operation
 from kuikproxy.runtime.egress import NO_HOST
-from kuikproxy.runtime.fleet import FleetView
+from kuikproxy.runtime.fleetlink import FleetView
 from kuikproxy.runtime.snapshot import BudgetStats, ReadStats, RingStat, Snapshot, StoreStats
 from kuikproxy.runtime.waittimes import WAIT_BUCKETS, Buckets
 

@@ -39,7 +39,7 @@ from kuikproxy.observe.statusmodels import (
     UpstreamStatus,
     WindowCounts,
 )
-from kuikproxy.runtime.fleet import FleetView
+from kuikproxy.runtime.fleetlink import FleetView
 from kuikproxy.runtime.snapshot import BudgetStats, Snapshot
 
 

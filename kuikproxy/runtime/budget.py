@@ -26,7 +26,7 @@ from kuikproxy.core.quota import (
     preset,
 )
 from kuikproxy.core.scheduler import HostScheduler
-from kuikproxy.runtime.fleet import FleetLink
+from kuikproxy.runtime.fleetlink import FleetLink
 from kuikproxy.runtime.flowgate import Flow, HeldSeat
 
 

@@ -20,7 +20,7 @@ from kuikproxy.core.serving import outlasted
 from kuikproxy.core.tickets import Hold, Operation, Pass, Reuse, Ticket, WindowResult
 from kuikproxy.errors import RegistryError, TooManyRequests, UpstreamUnreachable
 from kuikproxy.runtime.budget import Budget
-from kuikproxy.runtime.fleet import FleetLink
+from kuikproxy.runtime.fleetlink import FleetLink
 from kuikproxy.runtime.kept import Unserved
 from kuikproxy.runtime.messages import Answer, Go, RegistryRequest
 from kuikproxy.runtime.parking import Parking, Waiter

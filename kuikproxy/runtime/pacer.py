@@ -29,7 +29,7 @@ from kuikproxy.fleet.backend import FleetBackend
 from kuikproxy.runtime.clientread import ClientRead
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.egress import Egress
-from kuikproxy.runtime.fleet import FleetLink, waits_cut_off
+from kuikproxy.runtime.fleetlink import FleetLink, waits_cut_off
 from kuikproxy.runtime.flights import Flights
 from kuikproxy.runtime.flowgate import FlowGate
 from kuikproxy.runtime.hosts import Hosts, limits_of

@@ -17,7 +17,7 @@ from kuikproxy.core.fleetturns import LATE, Turns
 from kuikproxy.core.scheduler import HostScheduler
 from kuikproxy.core.tickets import Operation, WindowResult
 from kuikproxy.core.windows import Outcome, Series
-from kuikproxy.runtime.fleet import FleetLink
+from kuikproxy.runtime.fleetlink import FleetLink
 from kuikproxy.runtime.services import Services
 from kuikproxy.runtime.windowhistory import WindowHistory
 

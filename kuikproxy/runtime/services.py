@@ -17,7 +17,7 @@ from kuikproxy.config import Config
 from kuikproxy.core.limits import Census
 from kuikproxy.runtime.durable import Durable
 from kuikproxy.runtime.egress import Egress
-from kuikproxy.runtime.fleet import FleetLink
+from kuikproxy.runtime.fleetlink import FleetLink
 from kuikproxy.runtime.flights import Flights
 from kuikproxy.runtime.flowgate import FlowGate
 from kuikproxy.runtime.kept import KeptAnswers

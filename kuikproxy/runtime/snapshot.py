@@ -21,7 +21,7 @@ from kuikproxy.core.quota import QuotaSnapshot
 from kuikproxy.core.scheduler import HostScheduler
 from kuikproxy.core.tickets import Operation
 from kuikproxy.core.views import HostView
-from kuikproxy.runtime.fleet import FleetView
+from kuikproxy.runtime.fleetlink import FleetView
 from kuikproxy.runtime.pacer import Pacer
 from kuikproxy.runtime.waittimes import Buckets
 

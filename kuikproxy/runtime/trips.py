@@ -12,7 +12,7 @@ from __future__ import annotations
 from types import TracebackType
 
 from kuikproxy.errors import RegistryError
-from kuikproxy.runtime.fleet import FLEET_WAIT, FleetLink, read_once
+from kuikproxy.runtime.fleetlink import FLEET_WAIT, FleetLink, read_once
 from kuikproxy.runtime.flights import Flight, Outcome, serves
 from kuikproxy.runtime.messages import Answer, RegistryRequest
 from kuikproxy.runtime.services import Services

@@ -21,7 +21,7 @@ from kuikproxy.core.tickets import Operation, Read, Ticket
 from kuikproxy.errors import RegistryError
 from kuikproxy.runtime.budget import Budget
 from kuikproxy.runtime.content import MAX_MANIFEST, verified
-from kuikproxy.runtime.fleet import FleetLink
+from kuikproxy.runtime.fleetlink import FleetLink
 from kuikproxy.runtime.messages import Answer, Go, Opened, RegistryRequest
 from kuikproxy.runtime.parking import Parking
 from kuikproxy.runtime.services import Services
