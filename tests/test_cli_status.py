@@ -91,6 +91,10 @@ async def test_status_prints_the_same_rings_as_the_status_document(
     }
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def test_status_watch_redraws_until_ctrl_c_and_exits_0(
     proxy: ProxyFactory, registry: tuple[Registry, object]
 ) -> None:
@@ -110,6 +114,9 @@ async def test_status_watch_redraws_until_ctrl_c_and_exits_0(
         "0.1",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        # as a terminal's Ctrl-C finds it: a suite started in the background by a
+        # non-interactive shell has SIGINT ignored, and a child inherits that
+        preexec_fn=_interruptible,
     )
     assert process.stdout is not None
     seen = b""
